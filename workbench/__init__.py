@@ -1,0 +1,30 @@
+"""ONNX Decode Workbench: an instrumented ONNX executor for watching decoder LLMs run.
+
+`import workbench` stays free of the front-end packages (plotly, ipywidgets): those
+belong to `workbench.widgets` and the reports.
+"""
+
+from . import ops as _ops  # noqa: F401 - registers the kernels
+from .errors import (
+    BackendUnavailableError,
+    InputError,
+    KernelError,
+    ModelLoadError,
+    UnsupportedOperatorError,
+    WorkbenchError,
+)
+from .session import InferenceSession, NodeArg, SessionOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError",
+    "InferenceSession",
+    "InputError",
+    "KernelError",
+    "ModelLoadError",
+    "NodeArg",
+    "SessionOptions",
+    "UnsupportedOperatorError",
+    "WorkbenchError",
+]

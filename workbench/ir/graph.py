@@ -1,0 +1,71 @@
+"""The workbench's in-memory model: values addressed by integer ids, nodes, subgraphs.
+
+A `Graph` is built once from an `onnx.GraphProto` (see `workbench.ir.loader`) and is
+read-only afterwards. Shapes are symbolic: a tuple whose entries are `int` (static)
+or `str` (a symbol such as "batch_size" or a fresh "unk_3"); `None` when even the
+rank is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ValueId = int
+Shape = tuple  # tuple[int | str, ...]
+
+
+@dataclass
+class Value:
+    id: ValueId
+    name: str
+    elem_type: int  # onnx.TensorProto element type; 0 when unknown
+    dtype: np.dtype | None
+    shape: Shape | None
+    #: "tensor", "sequence", "optional", "map" or "unknown"
+    kind: str = "tensor"
+
+
+@dataclass
+class Node:
+    index: int  # position in the graph's node list (not the plan order)
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[ValueId, ...]  # -1 for an omitted optional input
+    outputs: tuple[ValueId, ...]  # -1 for an omitted optional output
+    attrs: dict[str, Any]
+    subgraphs: dict[str, "Graph"] = field(default_factory=dict)
+    #: outer-scope values read by the subgraphs (ids in *this* graph), in a fixed order
+    captures: tuple[ValueId, ...] = ()
+    proto: Any = None  # the onnx.NodeProto, for the host fallback
+
+    @property
+    def label(self) -> str:
+        return f"node {self.name!r} ({self.domain + '::' if self.domain else ''}{self.op_type})"
+
+
+@dataclass
+class Graph:
+    name: str
+    values: list[Value]
+    nodes: list[Node]
+    inputs: list[ValueId]  # caller-fed inputs (initializers excluded)
+    outputs: list[ValueId]
+    initializers: dict[ValueId, np.ndarray]
+    opsets: dict[str, int]  # domain ("" for ai.onnx) -> version
+    #: for a subgraph: names it reads from enclosing scopes, as values of this graph
+    outer_inputs: list[ValueId] = field(default_factory=list)
+    by_name: dict[str, ValueId] = field(default_factory=dict)
+
+    def value(self, name: str) -> Value:
+        return self.values[self.by_name[name]]
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for v in self.values:
+            if v.shape:
+                out.update(d for d in v.shape if isinstance(d, str))
+        return out

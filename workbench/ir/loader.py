@@ -1,0 +1,279 @@
+"""ONNX -> workbench Graph.
+
+Loading is the trust boundary for untrusted models: nothing here executes code
+from the model, and external-data locations must stay inside the model's folder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper, helper, numpy_helper
+
+from ..errors import ModelLoadError
+from .graph import Graph, Node, Value
+
+ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
+
+
+def read_model(model: Any) -> onnx.ModelProto:
+    """Parse the caller's model (path, bytes or ModelProto) with external data resolved safely."""
+    if isinstance(model, onnx.ModelProto):
+        proto, base_dir = model, None
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        proto, base_dir = _parse_bytes(bytes(model), "<bytes>"), None
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ModelLoadError(f"cannot read model file {str(path)!r}: {e.strerror or e}") from None
+        proto, base_dir = _parse_bytes(data, str(path)), path.resolve().parent
+    else:
+        raise ModelLoadError(
+            f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}"
+        )
+    _load_external_data(proto, base_dir)
+    return proto
+
+
+def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeWarning, ValueError) as e:
+        raise ModelLoadError(f"{where} is not a valid ONNX model (protobuf decode failed: {e})") from None
+    # protobuf accepts many garbage byte strings as an empty message
+    if proto.ir_version <= 0 or not proto.HasField("graph"):
+        raise ModelLoadError(
+            f"{where} is not a valid ONNX model (no ir_version or graph; truncated or not ONNX?)"
+        )
+    return proto
+
+
+def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
+    tensors = [
+        t for t in external_data_helper._get_all_tensors(proto)
+        if external_data_helper.uses_external_data(t)
+    ]
+    if not tensors:
+        return
+    if base_dir is None:
+        raise ModelLoadError(
+            f"initializer {tensors[0].name!r} keeps its data in an external file; "
+            "load the model from its path so the file can be found next to it"
+        )
+    root = base_dir.resolve()
+    for tensor in tensors:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        target = _safe_location(root, info.location, tensor.name)
+        try:
+            with open(target, "rb") as f:
+                f.seek(info.offset or 0)
+                raw = f.read(info.length) if info.length else f.read()
+        except OSError as e:
+            raise ModelLoadError(
+                f"initializer {tensor.name!r}: cannot read external data {info.location!r}: {e}"
+            ) from None
+        tensor.raw_data = raw
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _safe_location(root: Path, location: str, tensor_name: str) -> Path:
+    if not location or os.path.isabs(location) or Path(location).is_absolute() or location.startswith(("/", "\\")):
+        raise ModelLoadError(
+            f"initializer {tensor_name!r}: external data location {location!r} is absolute; "
+            "only paths inside the model's folder are allowed"
+        )
+    target = (root / location).resolve()
+    if target != root and root not in target.parents:
+        raise ModelLoadError(
+            f"initializer {tensor_name!r}: external data location {location!r} escapes the "
+            f"model's folder {str(root)!r}"
+        )
+    return target
+
+
+def prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Inline model-local functions, then run ONNX shape inference (best effort)."""
+    if proto.functions:
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:  # noqa: BLE001 - the inliner raises assorted C++ errors
+            raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are then resolved just in time
+        pass
+    return proto
+
+
+def opset_map(proto: onnx.ModelProto) -> dict[str, int]:
+    opsets = {}
+    for imp in proto.opset_import:
+        domain = "" if imp.domain in ("", "ai.onnx") else imp.domain
+        opsets[domain] = imp.version
+    opsets.setdefault("", 1)
+    return opsets
+
+
+class GraphBuilder:
+    """Turns a GraphProto (and its subgraphs) into workbench Graphs."""
+
+    def __init__(self, opsets: dict[str, int]):
+        self.opsets = opsets
+        self._fresh = itertools.count()
+
+    def build(self, gp: onnx.GraphProto, outer_names: frozenset[str] = frozenset()) -> Graph:
+        g = Graph(name=gp.name, values=[], nodes=[], inputs=[], outputs=[], initializers={},
+                  opsets=self.opsets)
+        infos: dict[str, onnx.ValueInfoProto] = {}
+        for vi in itertools.chain(gp.input, gp.output, gp.value_info):
+            infos.setdefault(vi.name, vi)
+
+        def value_id(name: str) -> int:
+            vid = g.by_name.get(name)
+            if vid is None:
+                vid = len(g.values)
+                g.by_name[name] = vid
+                g.values.append(self._value(vid, name, infos.get(name)))
+            return vid
+
+        init_names = set()
+        for t in gp.initializer:
+            vid = value_id(t.name)
+            arr = _tensor_to_array(t)
+            g.initializers[vid] = arr
+            v = g.values[vid]
+            v.elem_type, v.dtype, v.shape = t.data_type, arr.dtype, tuple(arr.shape)
+            init_names.add(t.name)
+        for st in gp.sparse_initializer:
+            arr = _sparse_to_array(st)
+            vid = value_id(st.values.name)
+            g.initializers[vid] = arr
+            v = g.values[vid]
+            v.elem_type, v.dtype, v.shape = st.values.data_type, arr.dtype, tuple(arr.shape)
+            init_names.add(st.values.name)
+        for vi in gp.input:
+            if vi.name not in init_names:
+                g.inputs.append(value_id(vi.name))
+
+        defined = set(g.by_name)
+        outer: dict[str, int] = {}
+        for i, np_ in enumerate(gp.node):
+            ins = []
+            for name in np_.input:
+                if not name:
+                    ins.append(-1)
+                    continue
+                if name not in defined and name not in outer:
+                    if name in outer_names:
+                        outer[name] = value_id(name)
+                    # else: an undefined name; the plan reports it
+                ins.append(value_id(name))
+            subgraphs, captures = {}, []
+            attrs = {}
+            visible = outer_names | frozenset(defined) | frozenset(outer)
+            for a in np_.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    sub = self.build(a.g, visible)
+                    subgraphs[a.name] = sub
+                    captures.extend(sub.values[vid].name for vid in sub.outer_inputs)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    raise ModelLoadError(f"node {np_.name!r}: GRAPHS attributes are not supported")
+                else:
+                    attrs[a.name] = _attr_value(a)
+            cap_ids = []
+            for name in dict.fromkeys(captures):
+                if name not in defined and name not in outer and name in outer_names:
+                    outer[name] = value_id(name)
+                if name in g.by_name:
+                    cap_ids.append(g.by_name[name])
+            outs = []
+            for name in np_.output:
+                if not name:
+                    outs.append(-1)
+                    continue
+                outs.append(value_id(name))
+                defined.add(name)
+            g.nodes.append(Node(
+                index=i, name=np_.name or f"{np_.op_type}_{i}", op_type=np_.op_type,
+                domain="" if np_.domain == "ai.onnx" else np_.domain,
+                inputs=tuple(ins), outputs=tuple(outs), attrs=attrs,
+                subgraphs=subgraphs, captures=tuple(cap_ids), proto=np_,
+            ))
+        g.outer_inputs = list(outer.values())
+        g.outputs = [value_id(vi.name) for vi in gp.output]
+        return g
+
+    def _value(self, vid: int, name: str, vi: onnx.ValueInfoProto | None) -> Value:
+        if vi is None or not vi.type.HasField("tensor_type"):
+            kind = "unknown" if vi is None else vi.type.WhichOneof("value") or "unknown"
+            kind = {"tensor_type": "tensor", "sequence_type": "sequence",
+                    "optional_type": "optional", "map_type": "map"}.get(kind, kind)
+            return Value(vid, name, 0, None, None, kind=kind)
+        tt = vi.type.tensor_type
+        dtype = None
+        if tt.elem_type:
+            try:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+            except (KeyError, TypeError, ValueError):
+                dtype = None
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(self._dim(d) for d in tt.shape.dim)
+        return Value(vid, name, tt.elem_type, dtype, shape)
+
+    def _dim(self, d: onnx.TensorShapeProto.Dimension) -> int | str:
+        if d.HasField("dim_value"):
+            return int(d.dim_value)
+        if d.HasField("dim_param") and d.dim_param:
+            return d.dim_param
+        return f"unk_{next(self._fresh)}"
+
+
+def _tensor_to_array(t: onnx.TensorProto) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - malformed tensors raise assorted errors
+        raise ModelLoadError(f"initializer {t.name!r} cannot be decoded: {e}") from None
+
+
+def _sparse_to_array(st: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(st.values)
+    indices = numpy_helper.to_array(st.indices)
+    dense = np.zeros(tuple(st.dims), dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    if a.ref_attr_name:
+        raise ModelLoadError(f"attribute {a.name!r} refers to a function attribute outside a function")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, onnx.TensorProto):
+        return _tensor_to_array(v)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode("utf-8", errors="replace") for s in v]
+    if isinstance(v, list) and v and isinstance(v[0], onnx.TensorProto):
+        return [_tensor_to_array(x) for x in v]
+    return v
+
+
+def load_graph(model: Any) -> tuple[Graph, onnx.ModelProto]:
+    """Read, inline and shape-infer a model; return its main Graph and the prepared proto."""
+    proto = prepare(read_model(model))
+    graph = GraphBuilder(opset_map(proto)).build(proto.graph)
+    return graph, proto

@@ -1,0 +1,186 @@
+"""Kernel registry: what each native kernel is, and how to find one for a node.
+
+A kernel is registered as a *builder*: a function that receives a `NodeInfo`
+(attributes, opset, dtypes, symbolic shapes of one node) and returns a `KernelFn`.
+Building happens once per (node, dtypes, shapes) key, so attribute parsing and
+any precomputation stays out of the per-run dispatch loop.
+
+The calling contract of a `KernelFn` is
+
+    results = fn(inputs, outs)
+
+- `inputs`: one array per node input, `None` for an omitted optional input;
+  control-flow ops also receive their outer-scope captures after the formal inputs.
+- `outs`: one entry per node output: a preallocated array of the exact output
+  shape and dtype when the executor could resolve it, else `None`.
+- `results`: a sequence with one array per output. For a preallocated slot the
+  kernel should write into it and return that same array (numpy's `out=`); for a
+  `None` slot it returns a fresh array (its shape is resolved just in time). A
+  kernel may return `None` for an output whose name is empty (not requested).
+
+Kernels never know about capture or memoisation: they only *declare* properties
+(`produces_view`, `may_run_in_place`, `capture`) and the executor decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+KernelFn = Callable[[list, list], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class CaptureVerdict:
+    """Whether a kernel can be recorded into a device graph, and if not why."""
+
+    supported: bool
+    reason: str | None = None  # a reason code, e.g. "host_read", "data_dependent_shape"
+    detail: str = ""
+
+
+CAPTURE_SUPPORTED = CaptureVerdict(True)
+
+
+def declined(reason: str, detail: str) -> CaptureVerdict:
+    return CaptureVerdict(False, reason, detail)
+
+
+@dataclass
+class NodeInfo:
+    """Everything a kernel builder may know about the node it implements."""
+
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    attrs: dict[str, Any]
+    input_dtypes: tuple[np.dtype | None, ...]
+    output_dtypes: tuple[np.dtype | None, ...]
+    #: symbolic shapes: tuple of int | str (symbol) per dim, or None if rank unknown
+    input_shapes: tuple[tuple | None, ...] = ()
+    output_shapes: tuple[tuple | None, ...] = ()
+    #: False where the output name is empty (an optional output nobody asked for)
+    output_used: tuple[bool, ...] = ()
+    #: array module of the backend (numpy on the CPU, cupy on CUDA)
+    xp: Any = np
+    #: subgraphs (If/Loop/Scan bodies) by attribute name, as workbench.ir Graphs
+    subgraphs: dict[str, Any] = field(default_factory=dict)
+    #: constant inputs known at build time (initializers), by input position
+    constant_inputs: dict[int, np.ndarray] = field(default_factory=dict)
+    #: names of the outer-scope values a control-flow node's subgraphs read; their
+    #: arrays arrive after the formal inputs, in this order
+    capture_names: tuple[str, ...] = ()
+    #: control flow only: `make_subgraph_runner(graph)` returns
+    #: `run(inputs: list, captures: dict[name, array]) -> list[outputs]`
+    make_subgraph_runner: Any = None
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One registered native kernel."""
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    build: Callable[[NodeInfo], KernelFn]
+    #: dtypes accepted for the inputs named by `dtype_inputs` (None: any)
+    dtypes: frozenset | None = None
+    dtype_inputs: tuple[int, ...] = (0,)
+    produces_view: bool = False
+    may_run_in_place: bool = False
+    capture: CaptureVerdict | Callable[[NodeInfo], CaptureVerdict] = CAPTURE_SUPPORTED
+    #: the output shape depends on input *values* (resolved just in time)
+    data_dependent_shape: bool = False
+    #: "native" or "host_fallback"
+    kind: str = "native"
+
+    def accepts(self, info: NodeInfo) -> bool:
+        if not (self.since <= info.opset and (self.until is None or info.opset <= self.until)):
+            return False
+        if self.dtypes is None:
+            return True
+        for i in self.dtype_inputs:
+            if i < len(info.input_dtypes):
+                dt = info.input_dtypes[i]
+                if dt is not None and dt not in self.dtypes:
+                    return False
+        return True
+
+    def capture_verdict(self, info: NodeInfo) -> CaptureVerdict:
+        return self.capture(info) if callable(self.capture) else self.capture
+
+
+_REGISTRY: dict[tuple[str, str], list[KernelSpec]] = {}
+
+
+def register(
+    op_type: str,
+    *,
+    domain: str = "",
+    since: int = 1,
+    until: int | None = None,
+    dtypes: frozenset | None = None,
+    dtype_inputs: tuple[int, ...] = (0,),
+    produces_view: bool = False,
+    may_run_in_place: bool = False,
+    capture: CaptureVerdict | Callable[[NodeInfo], CaptureVerdict] = CAPTURE_SUPPORTED,
+    data_dependent_shape: bool = False,
+) -> Callable[[Callable[[NodeInfo], KernelFn]], Callable[[NodeInfo], KernelFn]]:
+    """Decorator registering a kernel builder for `domain::op_type`, opsets since..until."""
+
+    def wrap(build: Callable[[NodeInfo], KernelFn]) -> Callable[[NodeInfo], KernelFn]:
+        spec = KernelSpec(
+            domain=_canonical_domain(domain), op_type=op_type, since=since, until=until,
+            build=build, dtypes=dtypes, dtype_inputs=dtype_inputs,
+            produces_view=produces_view, may_run_in_place=may_run_in_place,
+            capture=capture, data_dependent_shape=data_dependent_shape,
+        )
+        _REGISTRY.setdefault((spec.domain, op_type), []).append(spec)
+        return build
+
+    return wrap
+
+
+def _canonical_domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def find_native(info: NodeInfo) -> KernelSpec | None:
+    """The native kernel for this node, or None (newest `since` wins)."""
+    specs = _REGISTRY.get((_canonical_domain(info.domain), info.op_type), ())
+    best = None
+    for spec in specs:
+        if spec.accepts(info) and (best is None or spec.since > best.since):
+            best = spec
+    return best
+
+
+def native_op_types(domain: str = "") -> set[str]:
+    return {op for (d, op) in _REGISTRY if d == _canonical_domain(domain)}
+
+
+# --- small helpers kernel modules share -------------------------------------------
+
+
+def single(fn: Callable[..., Any]) -> KernelFn:
+    """Adapt `fn(*inputs, out=array_or_None) -> array` to the KernelFn contract."""
+
+    def run(inputs: list, outs: list) -> tuple:
+        return (fn(*inputs, out=outs[0]),)
+
+    return run
+
+
+def write(out: np.ndarray | None, value: Any) -> np.ndarray:
+    """Place a computed value into a preallocated output, or return it as is."""
+    if out is None:
+        return np.asarray(value)
+    out[...] = value
+    return out

@@ -1,0 +1,141 @@
+"""InferenceSession: onnxruntime's API over the workbench executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backend import get_backend
+from ..dtypes import ort_type_string
+from ..errors import InputError
+from ..executor import Executor
+from ..ir import load_graph
+from ..ir.graph import Value
+from .options import SessionOptions
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Name, shape and type of a model input or output, as onnxruntime reports them."""
+
+    name: str
+    shape: list[int | str] | None
+    type: str
+
+
+def _node_arg(v: Value) -> NodeArg:
+    type_ = ort_type_string(v.elem_type) if v.kind == "tensor" else f"{v.kind}"
+    return NodeArg(v.name, list(v.shape) if v.shape is not None else None, type_)
+
+
+class InferenceSession:
+    """Load a model once, run it many times.
+
+    `model` is a path, an `os.PathLike`, the model's bytes or an `onnx.ModelProto`.
+    """
+
+    def __init__(self, model: Any, options: SessionOptions | None = None, backend: str = "cpu"):
+        self.options = options or SessionOptions()
+        self.backend = get_backend(backend)
+        self.graph, self.model_proto = load_graph(model)
+        self.executor = Executor(self.graph, self.backend)
+        values = self.graph.values
+        self._inputs = [values[v] for v in self.graph.inputs]
+        self._outputs = [values[v] for v in self.graph.outputs]
+        self._input_ids = {v.name: v.id for v in self._inputs}
+        self._output_ids = {v.name: v.id for v in self._outputs}
+
+    # -- onnxruntime-shaped API ---------------------------------------------------------
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(v) for v in self._outputs]
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, Any]) -> list[Any]:
+        names = list(output_names) if output_names else [v.name for v in self._outputs]
+        for name in names:
+            if name not in self._output_ids:
+                raise InputError(
+                    f"unknown output {name!r}; the model's outputs are {sorted(self._output_ids)}"
+                )
+        feeds = self._check_inputs(input_feed)
+        env = self.executor.run(feeds)
+        return [self._to_caller(env[self._output_ids[n]]) for n in names]
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def plan(self):
+        return self.executor.plan
+
+    def fallback_nodes(self) -> list[tuple[str, str, str]]:
+        """(node name, domain, op_type) of every node that runs on the host fallback."""
+        return [(p.node.name, p.node.domain, p.node.op_type) for p in self.plan.fallback_nodes()]
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _to_caller(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._to_caller(v) for v in value]
+        if value is None:
+            return None
+        return self.backend.to_host(value)
+
+    def _check_inputs(self, input_feed: dict[str, Any]) -> dict[int, Any]:
+        if not isinstance(input_feed, dict):
+            raise InputError(f"input_feed must be a dict of name -> array, got {type(input_feed).__name__}")
+        unknown = [n for n in input_feed if n not in self._input_ids]
+        if unknown:
+            raise InputError(
+                f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._input_ids)}"
+            )
+        feeds: dict[int, Any] = {}
+        for v in self._inputs:
+            if v.name not in input_feed:
+                raise InputError(
+                    f"missing input {v.name!r} (expected {_describe(v)})"
+                )
+            feeds[v.id] = self._check_one(v, input_feed[v.name])
+        return feeds
+
+    def _check_one(self, v: Value, arr: Any) -> Any:
+        if v.kind != "tensor":
+            return arr
+        if not isinstance(arr, np.ndarray):
+            if isinstance(arr, (list, tuple, int, float, bool, np.generic)):
+                arr = np.asarray(arr, dtype=v.dtype)
+            else:
+                raise InputError(f"input {v.name!r}: expected a numpy array, got {type(arr).__name__}")
+        if v.dtype is not None and arr.dtype != v.dtype:
+            if not (v.dtype.hasobject and arr.dtype.kind in "UO"):
+                raise InputError(
+                    f"input {v.name!r}: expected dtype {ort_type_string(v.elem_type)} "
+                    f"({v.dtype}), got {arr.dtype}"
+                )
+            arr = arr.astype(object)
+        if v.shape is not None:
+            if arr.ndim != len(v.shape):
+                raise InputError(
+                    f"input {v.name!r}: expected rank {len(v.shape)} shape {_shape_str(v.shape)}, "
+                    f"got rank {arr.ndim} shape {tuple(arr.shape)}"
+                )
+            for axis, (want, got) in enumerate(zip(v.shape, arr.shape)):
+                if isinstance(want, int) and want != got:
+                    raise InputError(
+                        f"input {v.name!r}: dim {axis} must be {want} (shape {_shape_str(v.shape)}), "
+                        f"got {got} (shape {tuple(arr.shape)})"
+                    )
+        return self.backend.from_host(arr)
+
+
+def _shape_str(shape: tuple) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _describe(v: Value) -> str:
+    shape = _shape_str(v.shape) if v.shape is not None else "any shape"
+    return f"{ort_type_string(v.elem_type)} {shape}"
