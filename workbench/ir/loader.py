@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper, numpy_helper
 

@@ -1,0 +1,147 @@
+"""If, Loop and Scan: run their subgraphs through nested executors.
+
+Outer-scope values a body reads arrive after the formal inputs (in
+`info.capture_names` order). Control flow is always an eager seam for capture:
+which branch runs, and how often, is decided on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import NodeInfo, declined, register
+
+CONTROL_FLOW = declined("control_flow", "the executed subgraph is chosen on the host each run")
+
+
+def _captures(info: NodeInfo, inputs: list, n_formal: int) -> dict:
+    return dict(zip(info.capture_names, inputs[n_formal:]))
+
+
+def _host_scalar(value) -> object:
+    return np.asarray(value).reshape(-1)[0] if np.asarray(value).size else None
+
+
+@register("If", since=1, capture=CONTROL_FLOW, data_dependent_shape=True)
+def if_(info: NodeInfo):
+    then_run = info.make_subgraph_runner(info.subgraphs["then_branch"])
+    else_run = info.make_subgraph_runner(info.subgraphs["else_branch"])
+
+    def run(inputs, outs):
+        branch = then_run if bool(_host_scalar(inputs[0])) else else_run
+        return branch([], _captures(info, inputs, 1))
+
+    return run
+
+
+@register("Loop", since=1, capture=CONTROL_FLOW, data_dependent_shape=True)
+def loop(info: NodeInfo):
+    body_graph = info.subgraphs["body"]
+    body = info.make_subgraph_runner(body_graph)
+    n_formal = len(info.input_dtypes)
+    n_carried = len(body_graph.inputs) - 2
+    n_scan = len(body_graph.outputs) - 1 - n_carried
+    iter_dtype = np.int64
+
+    def run(inputs, outs):
+        trip = inputs[0] if n_formal > 0 else None
+        cond = inputs[1] if n_formal > 1 else None
+        carried = list(inputs[2:n_formal])
+        captures = _captures(info, inputs, n_formal)
+        max_trips = None if trip is None else int(_host_scalar(trip))
+        keep_going = True if cond is None else bool(_host_scalar(cond))
+        scans: list[list] = [[] for _ in range(n_scan)]
+        it = 0
+        while keep_going and (max_trips is None or it < max_trips):
+            cond_in = np.array(keep_going) if cond is None else np.asarray(keep_going, dtype=np.bool_)
+            results = body([np.array(it, dtype=iter_dtype), cond_in, *carried], captures)
+            keep_going = bool(_host_scalar(results[0]))
+            carried = list(results[1:1 + n_carried])
+            for k in range(n_scan):
+                scans[k].append(results[1 + n_carried + k])
+            it += 1
+        stacked = [_stack(s, info, n_carried + k) for k, s in enumerate(scans)]
+        return [*carried, *stacked]
+
+    return run
+
+
+def _stack(parts: list, info: NodeInfo, out_index: int) -> np.ndarray:
+    if parts:
+        return np.stack([np.asarray(p) for p in parts])
+    dtype = info.output_dtypes[out_index] if out_index < len(info.output_dtypes) else None
+    return np.empty((0,), dtype=dtype or np.float32)
+
+
+@register("Scan", since=9, capture=CONTROL_FLOW, data_dependent_shape=True)
+def scan(info: NodeInfo):
+    body_graph = info.subgraphs["body"]
+    body = info.make_subgraph_runner(body_graph)
+    n_scan_in = int(info.attr("num_scan_inputs"))
+    n_formal = len(info.input_dtypes)
+    n_state = n_formal - n_scan_in
+    n_scan_out = len(body_graph.outputs) - n_state
+    in_axes = list(info.attr("scan_input_axes", [0] * n_scan_in))
+    in_dirs = list(info.attr("scan_input_directions", [0] * n_scan_in))
+    out_axes = list(info.attr("scan_output_axes", [0] * n_scan_out))
+    out_dirs = list(info.attr("scan_output_directions", [0] * n_scan_out))
+
+    def run(inputs, outs):
+        states = list(inputs[:n_state])
+        seqs = []
+        for k, x in enumerate(inputs[n_state:n_formal]):
+            x = np.moveaxis(np.asarray(x), in_axes[k] % max(x.ndim, 1), 0)
+            seqs.append(x[::-1] if in_dirs[k] else x)
+        captures = _captures(info, inputs, n_formal)
+        length = seqs[0].shape[0] if seqs else 0
+        collected: list[list] = [[] for _ in range(n_scan_out)]
+        for t in range(length):
+            results = body([*states, *(s[t] for s in seqs)], captures)
+            states = list(results[:n_state])
+            for k in range(n_scan_out):
+                collected[k].append(np.asarray(results[n_state + k]))
+        outputs = list(states)
+        for k, parts in enumerate(collected):
+            y = np.stack(parts[::-1] if out_dirs[k] else parts)
+            outputs.append(np.moveaxis(y, 0, out_axes[k] % y.ndim))
+        return outputs
+
+    return run
+
+
+@register("Scan", since=8, until=8, capture=CONTROL_FLOW, data_dependent_shape=True)
+def scan_batched(info: NodeInfo):
+    """Opset-8 Scan: axis 0 is a batch, the sequence is axis 1, optional sequence_lens."""
+    body_graph = info.subgraphs["body"]
+    body = info.make_subgraph_runner(body_graph)
+    n_scan_in = int(info.attr("num_scan_inputs"))
+    n_formal = len(info.input_dtypes)
+    n_state = n_formal - 1 - n_scan_in
+    n_scan_out = len(body_graph.outputs) - n_state
+    directions = list(info.attr("directions", [0] * n_scan_in))
+
+    def run(inputs, outs):
+        lens = inputs[0]
+        states0 = [np.asarray(s) for s in inputs[1:1 + n_state]]
+        seqs = [np.asarray(x) for x in inputs[1 + n_state:n_formal]]
+        captures = _captures(info, inputs, n_formal)
+        batch = seqs[0].shape[0]
+        final_states: list[list] = [[] for _ in range(n_state)]
+        scanned: list[list] = [[] for _ in range(n_scan_out)]
+        for b in range(batch):
+            length = int(lens[b]) if lens is not None else seqs[0].shape[1]
+            states = [s[b] for s in states0]
+            per_step: list[list] = [[] for _ in range(n_scan_out)]
+            for t in range(length):
+                xs = [x[b, length - 1 - t] if directions[k] else x[b, t] for k, x in enumerate(seqs)]
+                results = body([*states, *xs], captures)
+                states = list(results[:n_state])
+                for k in range(n_scan_out):
+                    per_step[k].append(np.asarray(results[n_state + k]))
+            for k in range(n_state):
+                final_states[k].append(np.asarray(states[k]))
+            for k in range(n_scan_out):
+                scanned[k].append(np.stack(per_step[k]))
+        return [np.stack(s) for s in final_states] + [np.stack(s) for s in scanned]
+
+    return run
