@@ -57,10 +57,16 @@ def causal_mask(b: GraphBuilder, input_ids: str, attention_mask: str, *, prefix:
     seq = b.dim(input_ids, 1, name=f"{prefix}/seq_len")
     total = b.dim(attention_mask, 1, name=f"{prefix}/total_len")
     past = b.node("Sub", [total, seq], name=f"{prefix}/past_len/Sub")
-    square = b.shape_of([b.unsqueeze0(seq, name=f"{prefix}/rows"),
-                         b.unsqueeze0(total, name=f"{prefix}/cols")], name=f"{prefix}/shape")
-    ones = b.node("ConstantOfShape", [square], name=f"{prefix}/ConstantOfShape",
-                  value=numpy_helper.from_array(np.ones(1, np.float32)))
+    square = b.shape_of(
+        [b.unsqueeze0(seq, name=f"{prefix}/rows"), b.unsqueeze0(total, name=f"{prefix}/cols")],
+        name=f"{prefix}/shape",
+    )
+    ones = b.node(
+        "ConstantOfShape",
+        [square],
+        name=f"{prefix}/ConstantOfShape",
+        value=numpy_helper.from_array(np.ones(1, np.float32)),
+    )
     tri = b.node("Trilu", [ones, past], name=f"{prefix}/Trilu", upper=0)
     causal = b.node("Cast", [tri], name=f"{prefix}/causal/Cast", to=TensorProto.BOOL)
     pad = b.node("Unsqueeze", [attention_mask, b.i64(1, 2)], name=f"{prefix}/pad/Unsqueeze")
@@ -80,8 +86,9 @@ def masked_softmax_attention(
     return b.node("MatMul", [probs, v], name=f"{prefix}/pv/MatMul")
 
 
-def split_heads(b: GraphBuilder, x: str, batch: str, seq: str, heads: int, head_dim: int,
-                *, prefix: str) -> str:
+def split_heads(
+    b: GraphBuilder, x: str, batch: str, seq: str, heads: int, head_dim: int, *, prefix: str
+) -> str:
     """[B, S, heads*D] -> Reshape(Concat(B, S, heads, D)) -> Transpose -> [B, heads, S, D]."""
     shape = b.shape_of([batch, seq, heads, head_dim], name=f"{prefix}/shape")
     x = b.node("Reshape", [x, shape], name=f"{prefix}/Reshape")
@@ -102,32 +109,47 @@ def batch_and_seq(b: GraphBuilder, x: str, *, prefix: str) -> tuple[str, str]:
     return batch, seq
 
 
-def rope_tables(head_dim: int, length: int, theta: float,
-                factors: np.ndarray | None = None, mscale: float = 1.0):
+def rope_tables(
+    head_dim: int, length: int, theta: float, factors: np.ndarray | None = None, mscale: float = 1.0
+):
     """cos, sin float32 [length, head_dim // 2] (non-interleaved RoPE)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
-    inv_freq = 1.0 / (theta ** exponent)
+    inv_freq = 1.0 / (theta**exponent)
     if factors is not None:
         inv_freq = inv_freq / np.asarray(factors, np.float64)
     freqs = np.outer(np.arange(length, dtype=np.float64), inv_freq)
-    return ((np.cos(freqs) * mscale).astype(np.float32),
-            (np.sin(freqs) * mscale).astype(np.float32))
+    return ((np.cos(freqs) * mscale).astype(np.float32), (np.sin(freqs) * mscale).astype(np.float32))
 
 
-def linear(b: GraphBuilder, x: str, w: np.ndarray, *, node: str, weight: str,
-           quant: str | None, out: str | None = None) -> str:
+def linear(
+    b: GraphBuilder,
+    x: str,
+    w: np.ndarray,
+    *,
+    node: str,
+    weight: str,
+    quant: str | None,
+    out: str | None = None,
+) -> str:
     """x @ w as `<node>/MatMul`, or `<node>/MatMulNBits` (com.microsoft) for quant="int4"."""
     outputs = [out] if out else None
     if quant is None:
-        return b.node("MatMul", [x, b.initializer(weight, w)], name=f"{node}/MatMul",
-                      outputs=outputs)
+        return b.node("MatMul", [x, b.initializer(weight, w)], name=f"{node}/MatMul", outputs=outputs)
     if quant != "int4":
         raise ModelBuildError(f"unknown quant {quant!r} for {node}; expected None or 'int4'")
     qw = quantize_int4(w)
-    inputs = [x, b.initializer(f"{weight}_Q4", qw.packed),
-              b.initializer(f"{weight}_scales", qw.scales)]
+    inputs = [x, b.initializer(f"{weight}_Q4", qw.packed), b.initializer(f"{weight}_scales", qw.scales)]
     if qw.zero_points is not None:
         inputs.append(b.initializer(f"{weight}_zp", qw.zero_points))
-    return b.node("MatMulNBits", inputs, name=f"{node}/MatMulNBits", outputs=outputs,
-                  domain=MS_DOMAIN, K=qw.K, N=qw.N, bits=4, block_size=qw.block_size,
-                  accuracy_level=0)
+    return b.node(
+        "MatMulNBits",
+        inputs,
+        name=f"{node}/MatMulNBits",
+        outputs=outputs,
+        domain=MS_DOMAIN,
+        K=qw.K,
+        N=qw.N,
+        bits=4,
+        block_size=qw.block_size,
+        accuracy_level=0,
+    )

@@ -90,14 +90,10 @@ class ModelConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def resolve_config(
-    family: str, sizes: dict[str, ModelConfig], size: str, overrides: dict
-) -> ModelConfig:
+def resolve_config(family: str, sizes: dict[str, ModelConfig], size: str, overrides: dict) -> ModelConfig:
     """Pick `size` from a family's table and apply keyword overrides."""
     if size not in sizes:
-        raise ModelBuildError(
-            f"{family}: unknown size {size!r}; expected one of {sorted(sizes)}"
-        )
+        raise ModelBuildError(f"{family}: unknown size {size!r}; expected one of {sorted(sizes)}")
     cfg = dataclasses.replace(sizes[size], size=size)
     if overrides:
         known = {f.name for f in dataclasses.fields(ModelConfig)}

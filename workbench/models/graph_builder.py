@@ -56,7 +56,7 @@ class GraphBuilder:
     # -- weights and constants -------------------------------------------------
     def initializer(self, name: str, array: np.ndarray) -> str:
         name = self.unique(name)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.initializers.append(numpy_helper.from_array(np.require(array, requirements="C"), name))
         return name
 
     def const(self, value, dtype=np.int64, *, scalar: bool = False) -> str:
@@ -71,8 +71,7 @@ class GraphBuilder:
         text = ", ".join(str(v) for v in arr.reshape(-1).tolist())
         base = f"/model/constants/TensorProto.{TensorProto.DataType.Name(onnx_type)}/{rank}/{text}"
         if self.constant_nodes:
-            out = self.node("Constant", [], name=f"{base}/Constant",
-                            value=numpy_helper.from_array(arr))
+            out = self.node("Constant", [], name=f"{base}/Constant", value=numpy_helper.from_array(arr))
         else:
             out = self.initializer(base, arr)
         self._consts[key] = out
@@ -109,8 +108,9 @@ class GraphBuilder:
         if domain and domain not in self.domains:
             self.domains[domain] = 1
         self.nodes.append(
-            helper.make_node(op_type, list(inputs), list(outputs), name=node_name,
-                             domain=domain or None, **attrs)
+            helper.make_node(
+                op_type, list(inputs), list(outputs), name=node_name, domain=domain or None, **attrs
+            )
         )
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
@@ -130,11 +130,7 @@ class GraphBuilder:
 
     # -- result ----------------------------------------------------------------
     def make_model(self, *, producer: str = "workbench.models") -> onnx.ModelProto:
-        graph = helper.make_graph(
-            self.nodes, self.name, self.inputs, self.outputs, self.initializers
-        )
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         opsets = [helper.make_opsetid(d, v) for d, v in self.domains.items()]
-        model = helper.make_model(
-            graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name=producer
-        )
+        model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name=producer)
         return model

@@ -38,14 +38,34 @@ from .graph_builder import MS_DOMAIN, GraphBuilder
 
 SIZES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
-        family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
-        ffn=192, vocab=512, max_positions=128, eos_token_id=2, bos_token_id=1,
-        norm_eps=1e-5, rope_theta=10000.0,
+        family="llama",
+        num_layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        ffn=192,
+        vocab=512,
+        max_positions=128,
+        eos_token_id=2,
+        bos_token_id=1,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
     ),
     "small": ModelConfig(
-        family="llama", num_layers=6, hidden=512, heads=8, kv_heads=2, head_dim=64,
-        ffn=1408, vocab=8192, max_positions=2048, eos_token_id=2, bos_token_id=1,
-        norm_eps=1e-5, rope_theta=10000.0,
+        family="llama",
+        num_layers=6,
+        hidden=512,
+        heads=8,
+        kv_heads=2,
+        head_dim=64,
+        ffn=1408,
+        vocab=8192,
+        max_positions=2048,
+        eos_token_id=2,
+        bos_token_id=1,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
     ),
 }
 
@@ -81,9 +101,15 @@ def decoder_weights(cfg: ModelConfig, seed: int) -> DecoderWeights:
     embed = w.normal((cfg.vocab, E), 1.0)
     layers = [
         LayerWeights(
-            input_norm=w.norm(E), q=w.linear(E, q_width), k=w.linear(E, kv_width),
-            v=w.linear(E, kv_width), o=w.linear(q_width, E), post_norm=w.norm(E),
-            gate=w.linear(E, F), up=w.linear(E, F), down=w.linear(F, E),
+            input_norm=w.norm(E),
+            q=w.linear(E, q_width),
+            k=w.linear(E, kv_width),
+            v=w.linear(E, kv_width),
+            o=w.linear(q_width, E),
+            post_norm=w.norm(E),
+            gate=w.linear(E, F),
+            up=w.linear(E, F),
+            down=w.linear(F, E),
         )
         for _ in range(cfg.num_layers)
     ]
@@ -91,21 +117,24 @@ def decoder_weights(cfg: ModelConfig, seed: int) -> DecoderWeights:
 
 
 # -- flavor="onnx" ---------------------------------------------------------------
-def _rms_norm(b: GraphBuilder, x: str, weight: np.ndarray, eps: float, *, name: str) -> str:
-    p = f"/{name}"
+def _rms_norm(b: GraphBuilder, x: str, weight: np.ndarray, eps: float, *, node: str, name: str) -> str:
+    """x * 1/sqrt(mean(x^2) + eps) * weight, op by op; `name` names the weight."""
+    p = node
     sq = b.node("Pow", [x, b.f32_scalar(2.0)], name=f"{p}/Pow")
     var = b.node("ReduceMean", [sq, b.i64(-1)], name=f"{p}/ReduceMean", keepdims=1)
     var = b.node("Add", [var, b.f32_scalar(eps)], name=f"{p}/Add")
-    rstd = b.node("Div", [b.f32_scalar(1.0), b.node("Sqrt", [var], name=f"{p}/Sqrt")],
-                  name=f"{p}/Div")
+    rstd = b.node("Div", [b.f32_scalar(1.0), b.node("Sqrt", [var], name=f"{p}/Sqrt")], name=f"{p}/Div")
     y = b.node("Mul", [x, rstd], name=f"{p}/Mul")
     return b.node("Mul", [b.initializer(f"{name}.weight", weight), y], name=f"{p}/Mul_1")
 
 
 def _rotate_half(b: GraphBuilder, x: str, half: int, *, prefix: str) -> str:
     x1 = b.node("Slice", [x, b.i64(0), b.i64(half), b.i64(-1), b.i64(1)], name=f"{prefix}/Slice")
-    x2 = b.node("Slice", [x, b.i64(half), b.i64(np.iinfo(np.int64).max), b.i64(-1), b.i64(1)],
-                name=f"{prefix}/Slice_1")
+    x2 = b.node(
+        "Slice",
+        [x, b.i64(half), b.i64(np.iinfo(np.int64).max), b.i64(-1), b.i64(1)],
+        name=f"{prefix}/Slice_1",
+    )
     neg = b.node("Neg", [x2], name=f"{prefix}/Neg")
     return b.node("Concat", [neg, x1], name=f"{prefix}/Concat", axis=-1)
 
@@ -134,8 +163,11 @@ def _build_onnx(cfg: ModelConfig, wts: DecoderWeights) -> ModelProto:
     b = GraphBuilder(cfg.family)
     io = decoder_io(b, cfg, position_ids=True)
     H, D = cfg.heads, cfg.head_dim
-    x = b.node("Gather", [b.initializer("model.embed_tokens.weight", wts.embed), io["input_ids"]],
-               name="/model/embed_tokens/Gather")
+    x = b.node(
+        "Gather",
+        [b.initializer("model.embed_tokens.weight", wts.embed), io["input_ids"]],
+        name="/model/embed_tokens/Gather",
+    )
     mask = causal_mask(b, io["input_ids"], io["attention_mask"], prefix="/model/mask")
 
     cos, sin = rope_tables(D, cfg.max_positions, cfg.rope_theta)
@@ -147,42 +179,59 @@ def _build_onnx(cfg: ModelConfig, wts: DecoderWeights) -> ModelProto:
     sin = b.node("Unsqueeze", [sin, b.i64(1)], name="/model/rotary_emb/Unsqueeze_1")
 
     for i, lw in enumerate(wts.layers):
-        p = f"model.layers.{i}"
-        h = _rms_norm(b, x, lw.input_norm, cfg.norm_eps, name=f"{p}.input_layernorm")
-        batch, seq = batch_and_seq(b, h, prefix=f"/{p}/self_attn")
-        q = linear(b, h, lw.q, node=f"/{p}/self_attn/q_proj", weight=f"{p}.self_attn.q_proj.weight", quant=cfg.quant)
-        k = linear(b, h, lw.k, node=f"/{p}/self_attn/k_proj", weight=f"{p}.self_attn.k_proj.weight", quant=cfg.quant)
-        v = linear(b, h, lw.v, node=f"/{p}/self_attn/v_proj", weight=f"{p}.self_attn.v_proj.weight", quant=cfg.quant)
-        q = split_heads(b, q, batch, seq, H, D, prefix=f"/{p}/self_attn/q")
-        k = split_heads(b, k, batch, seq, cfg.kv_heads, D, prefix=f"/{p}/self_attn/k")
-        v = split_heads(b, v, batch, seq, cfg.kv_heads, D, prefix=f"/{p}/self_attn/v")
-        q = _apply_rope(b, q, cos, sin, D // 2, prefix=f"/{p}/self_attn/q_rope")
-        k = _apply_rope(b, k, cos, sin, D // 2, prefix=f"/{p}/self_attn/k_rope")
+        p, n = f"model.layers.{i}", f"/model/layers.{i}"
+        h = _rms_norm(
+            b, x, lw.input_norm, cfg.norm_eps, node=f"{n}/input_layernorm", name=f"{p}.input_layernorm"
+        )
+        batch, seq = batch_and_seq(b, h, prefix=f"{n}/self_attn")
+        q = linear(
+            b, h, lw.q, node=f"{n}/self_attn/q_proj", weight=f"{p}.self_attn.q_proj.weight", quant=cfg.quant
+        )
+        k = linear(
+            b, h, lw.k, node=f"{n}/self_attn/k_proj", weight=f"{p}.self_attn.k_proj.weight", quant=cfg.quant
+        )
+        v = linear(
+            b, h, lw.v, node=f"{n}/self_attn/v_proj", weight=f"{p}.self_attn.v_proj.weight", quant=cfg.quant
+        )
+        q = split_heads(b, q, batch, seq, H, D, prefix=f"{n}/self_attn/q")
+        k = split_heads(b, k, batch, seq, cfg.kv_heads, D, prefix=f"{n}/self_attn/k")
+        v = split_heads(b, v, batch, seq, cfg.kv_heads, D, prefix=f"{n}/self_attn/v")
+        q = _apply_rope(b, q, cos, sin, D // 2, prefix=f"{n}/self_attn/q_rope")
+        k = _apply_rope(b, k, cos, sin, D // 2, prefix=f"{n}/self_attn/k_rope")
         past_k, past_v = cfg.past_names(i)
         pres_k, pres_v = cfg.present_names(i)
-        k = b.node("Concat", [past_k, k], name=f"/{p}/self_attn/Concat", outputs=[pres_k], axis=2)
-        v = b.node("Concat", [past_v, v], name=f"/{p}/self_attn/Concat_1", outputs=[pres_v],
-                   axis=2)
-        k = _repeat_kv(b, k, batch, cfg, prefix=f"/{p}/self_attn/repeat_kv")
-        v = _repeat_kv(b, v, batch, cfg, prefix=f"/{p}/self_attn/repeat_kv_1")
-        a = masked_softmax_attention(b, q, k, v, mask, 1.0 / math.sqrt(D),
-                                     prefix=f"/{p}/self_attn")
-        a = merge_heads(b, a, batch, seq, H * D, prefix=f"/{p}/self_attn/merge")
-        a = linear(b, a, lw.o, node=f"/{p}/self_attn/o_proj", weight=f"{p}.self_attn.o_proj.weight", quant=cfg.quant)
-        x = b.node("Add", [x, a], name=f"/{p}/Add")
+        k = b.node("Concat", [past_k, k], name=f"{n}/self_attn/Concat", outputs=[pres_k], axis=2)
+        v = b.node("Concat", [past_v, v], name=f"{n}/self_attn/Concat_1", outputs=[pres_v], axis=2)
+        k = _repeat_kv(b, k, batch, cfg, prefix=f"{n}/self_attn/repeat_kv")
+        v = _repeat_kv(b, v, batch, cfg, prefix=f"{n}/self_attn/repeat_kv_1")
+        a = masked_softmax_attention(b, q, k, v, mask, 1.0 / math.sqrt(D), prefix=f"{n}/self_attn")
+        a = merge_heads(b, a, batch, seq, H * D, prefix=f"{n}/self_attn/merge")
+        a = linear(
+            b, a, lw.o, node=f"{n}/self_attn/o_proj", weight=f"{p}.self_attn.o_proj.weight", quant=cfg.quant
+        )
+        x = b.node("Add", [x, a], name=f"{n}/Add")
 
-        h = _rms_norm(b, x, lw.post_norm, cfg.norm_eps, name=f"{p}.post_attention_layernorm")
-        g = linear(b, h, lw.gate, node=f"/{p}/mlp/gate_proj", weight=f"{p}.mlp.gate_proj.weight", quant=cfg.quant)
-        u = linear(b, h, lw.up, node=f"/{p}/mlp/up_proj", weight=f"{p}.mlp.up_proj.weight", quant=cfg.quant)
-        g = b.node("Mul", [g, b.node("Sigmoid", [g], name=f"/{p}/mlp/act/Sigmoid")],
-                   name=f"/{p}/mlp/act/Mul")
-        m = b.node("Mul", [g, u], name=f"/{p}/mlp/Mul")
-        m = linear(b, m, lw.down, node=f"/{p}/mlp/down_proj", weight=f"{p}.mlp.down_proj.weight", quant=cfg.quant)
-        x = b.node("Add", [x, m], name=f"/{p}/Add_1")
+        h = _rms_norm(
+            b,
+            x,
+            lw.post_norm,
+            cfg.norm_eps,
+            node=f"{n}/post_attention_layernorm",
+            name=f"{p}.post_attention_layernorm",
+        )
+        g = linear(
+            b, h, lw.gate, node=f"{n}/mlp/gate_proj", weight=f"{p}.mlp.gate_proj.weight", quant=cfg.quant
+        )
+        u = linear(b, h, lw.up, node=f"{n}/mlp/up_proj", weight=f"{p}.mlp.up_proj.weight", quant=cfg.quant)
+        g = b.node("Mul", [g, b.node("Sigmoid", [g], name=f"{n}/mlp/act/Sigmoid")], name=f"{n}/mlp/act/Mul")
+        m = b.node("Mul", [g, u], name=f"{n}/mlp/Mul")
+        m = linear(
+            b, m, lw.down, node=f"{n}/mlp/down_proj", weight=f"{p}.mlp.down_proj.weight", quant=cfg.quant
+        )
+        x = b.node("Add", [x, m], name=f"{n}/Add_1")
 
-    x = _rms_norm(b, x, wts.final_norm, cfg.norm_eps, name="model.norm")
-    linear(b, x, wts.lm_head, node="/lm_head", weight="lm_head.weight", quant=cfg.quant,
-           out="logits")
+    x = _rms_norm(b, x, wts.final_norm, cfg.norm_eps, node="/model/norm", name="model.norm")
+    linear(b, x, wts.lm_head, node="/lm_head", weight="lm_head.weight", quant=cfg.quant, out="logits")
     return b.make_model()
 
 
@@ -203,80 +252,158 @@ def genai_mask_inputs(b: GraphBuilder, attention_mask: str) -> tuple[str, str, s
     return seqlens_k, total32, total64
 
 
-def _skip_norm(b: GraphBuilder, root: str, skip: str, weight: np.ndarray, eps: float,
-               *, name: str, last: bool = False) -> tuple[str, str | None]:
+def _skip_norm(
+    b: GraphBuilder, root: str, skip: str, weight: np.ndarray, eps: float, *, name: str, last: bool = False
+) -> tuple[str, str | None]:
     """SkipSimplifiedLayerNormalization -> (normed, residual sum) (sum omitted if last)."""
     node = f"/model/{name}/SkipLayerNorm"
     outs = [f"{node}/output_0"] if last else [f"{node}/output_0", "", "", f"{node}/output_3"]
-    res = b.node("SkipSimplifiedLayerNormalization",
-                 [root, skip, b.initializer(f"model.{name}.weight", weight)],
-                 name=node, outputs=outs, domain=MS_DOMAIN, epsilon=eps)
+    res = b.node(
+        "SkipSimplifiedLayerNormalization",
+        [root, skip, b.initializer(f"model.{name}.weight", weight)],
+        name=node,
+        outputs=outs,
+        domain=MS_DOMAIN,
+        epsilon=eps,
+    )
     return (res, None) if last else (res[0], res[3])
 
 
 def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope) -> ModelProto:
     """The genai-style graph; `rope(b, total64) -> (cos_cache, sin_cache)` names."""
+    if cfg.head_dim % 16:
+        raise ModelBuildError(
+            f"{cfg.family}: GroupQueryAttention with do_rotary=1 needs head_dim % 16 == 0, got {cfg.head_dim}"
+        )
     b = GraphBuilder(cfg.family)
     io = decoder_io(b, cfg, position_ids=False)
     seqlens_k, total32, total64 = genai_mask_inputs(b, io["attention_mask"])
     cos_cache, sin_cache = rope(b, total64)
-    x = b.node("Gather", [b.initializer("model.embed_tokens.weight", wts.embed), io["input_ids"]],
-               name="/model/embed_tokens/Gather")
+    x = b.node(
+        "Gather",
+        [b.initializer("model.embed_tokens.weight", wts.embed), io["input_ids"]],
+        name="/model/embed_tokens/Gather",
+    )
     residual = x
-    h = b.node("SimplifiedLayerNormalization",
-               [x, b.initializer("model.layers.0.input_layernorm.weight",
-                                 wts.layers[0].input_norm)],
-               name="/model/layers.0/input_layernorm/LayerNorm",
-               axis=-1, epsilon=cfg.norm_eps, stash_type=1)
+    h = b.node(
+        "SimplifiedLayerNormalization",
+        [x, b.initializer("model.layers.0.input_layernorm.weight", wts.layers[0].input_norm)],
+        name="/model/layers.0/input_layernorm/LayerNorm",
+        axis=-1,
+        epsilon=cfg.norm_eps,
+        stash_type=1,
+    )
     for i, lw in enumerate(wts.layers):
         p = f"model.layers.{i}"
         if i > 0:
-            h, residual = _skip_norm(b, residual, x, lw.input_norm, cfg.norm_eps,
-                                     name=f"layers.{i}/input_layernorm")
-        q = linear(b, h, lw.q, node=f"/model/layers.{i}/attn/q_proj", weight=f"{p}.attn.q_proj.MatMul.weight", quant=cfg.quant)
-        k = linear(b, h, lw.k, node=f"/model/layers.{i}/attn/k_proj", weight=f"{p}.attn.k_proj.MatMul.weight", quant=cfg.quant)
-        v = linear(b, h, lw.v, node=f"/model/layers.{i}/attn/v_proj", weight=f"{p}.attn.v_proj.MatMul.weight", quant=cfg.quant)
+            h, residual = _skip_norm(
+                b, residual, x, lw.input_norm, cfg.norm_eps, name=f"layers.{i}/input_layernorm"
+            )
+        q = linear(
+            b,
+            h,
+            lw.q,
+            node=f"/model/layers.{i}/attn/q_proj",
+            weight=f"{p}.attn.q_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+        k = linear(
+            b,
+            h,
+            lw.k,
+            node=f"/model/layers.{i}/attn/k_proj",
+            weight=f"{p}.attn.k_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+        v = linear(
+            b,
+            h,
+            lw.v,
+            node=f"/model/layers.{i}/attn/v_proj",
+            weight=f"{p}.attn.v_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
         past_k, past_v = cfg.past_names(i)
         pres_k, pres_v = cfg.present_names(i)
         gqa = f"/model/layers.{i}/attn/GroupQueryAttention"
-        a = b.node("GroupQueryAttention",
-                   [q, k, v, past_k, past_v, seqlens_k, total32, cos_cache, sin_cache],
-                   name=gqa, outputs=[f"{gqa}/output_0", pres_k, pres_v], domain=MS_DOMAIN,
-                   num_heads=cfg.heads, kv_num_heads=cfg.kv_heads,
-                   scale=1.0 / math.sqrt(cfg.head_dim), local_window_size=-1,
-                   do_rotary=1, rotary_interleaved=0)[0]
-        a = linear(b, a, lw.o, node=f"/model/layers.{i}/attn/o_proj", weight=f"{p}.attn.o_proj.MatMul.weight", quant=cfg.quant)
-        h, residual = _skip_norm(b, residual, a, lw.post_norm, cfg.norm_eps,
-                                 name=f"layers.{i}/post_attention_layernorm")
-        g = linear(b, h, lw.gate, node=f"/model/layers.{i}/mlp/gate_proj", weight=f"{p}.mlp.gate_proj.MatMul.weight", quant=cfg.quant)
-        u = linear(b, h, lw.up, node=f"/model/layers.{i}/mlp/up_proj", weight=f"{p}.mlp.up_proj.MatMul.weight", quant=cfg.quant)
-        g = b.node("Mul", [g, b.node("Sigmoid", [g], name=f"/model/layers.{i}/mlp/act_fn/Sigmoid")],
-                   name=f"/model/layers.{i}/mlp/act_fn/Mul")
+        a = b.node(
+            "GroupQueryAttention",
+            [q, k, v, past_k, past_v, seqlens_k, total32, cos_cache, sin_cache],
+            name=gqa,
+            outputs=[f"{gqa}/output_0", pres_k, pres_v],
+            domain=MS_DOMAIN,
+            num_heads=cfg.heads,
+            kv_num_heads=cfg.kv_heads,
+            scale=1.0 / math.sqrt(cfg.head_dim),
+            local_window_size=-1,
+            do_rotary=1,
+            rotary_interleaved=0,
+        )[0]
+        a = linear(
+            b,
+            a,
+            lw.o,
+            node=f"/model/layers.{i}/attn/o_proj",
+            weight=f"{p}.attn.o_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+        h, residual = _skip_norm(
+            b, residual, a, lw.post_norm, cfg.norm_eps, name=f"layers.{i}/post_attention_layernorm"
+        )
+        g = linear(
+            b,
+            h,
+            lw.gate,
+            node=f"/model/layers.{i}/mlp/gate_proj",
+            weight=f"{p}.mlp.gate_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+        u = linear(
+            b,
+            h,
+            lw.up,
+            node=f"/model/layers.{i}/mlp/up_proj",
+            weight=f"{p}.mlp.up_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+        g = b.node(
+            "Mul",
+            [g, b.node("Sigmoid", [g], name=f"/model/layers.{i}/mlp/act_fn/Sigmoid")],
+            name=f"/model/layers.{i}/mlp/act_fn/Mul",
+        )
         m = b.node("Mul", [g, u], name=f"/model/layers.{i}/mlp/Mul")
-        x = linear(b, m, lw.down, node=f"/model/layers.{i}/mlp/down_proj", weight=f"{p}.mlp.down_proj.MatMul.weight", quant=cfg.quant)
-    h, _ = _skip_norm(b, residual, x, wts.final_norm, cfg.norm_eps,
-                      name="layers.final_norm_layernorm", last=True)
-    linear(b, h, wts.lm_head, node="/lm_head", weight="lm_head.MatMul.weight", quant=cfg.quant,
-           out="logits")
+        x = linear(
+            b,
+            m,
+            lw.down,
+            node=f"/model/layers.{i}/mlp/down_proj",
+            weight=f"{p}.mlp.down_proj.MatMul.weight",
+            quant=cfg.quant,
+        )
+    h, _ = _skip_norm(
+        b, residual, x, wts.final_norm, cfg.norm_eps, name="layers.final_norm_layernorm", last=True
+    )
+    linear(b, h, wts.lm_head, node="/lm_head", weight="lm_head.MatMul.weight", quant=cfg.quant, out="logits")
     return b.make_model()
 
 
-def _plain_rope(cfg: ModelConfig):
+def plain_rope(cfg: ModelConfig):
     def rope(b: GraphBuilder, total64: str) -> tuple[str, str]:
         cos, sin = rope_tables(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
         return b.initializer("cos_cache", cos), b.initializer("sin_cache", sin)
+
     return rope
 
 
-def llama(size: str = "tiny", flavor: str = "onnx", seed: int = 0,
-          quant: str | None = None, **overrides) -> ModelProto:
+def llama(
+    size: str = "tiny", flavor: str = "onnx", seed: int = 0, quant: str | None = None, **overrides
+) -> ModelProto:
     """A Llama decoder (GQA, RoPE, SwiGLU) in the `flavor` dialect."""
     if flavor not in FLAVORS:
         raise ModelBuildError(f"llama: unknown flavor {flavor!r}; expected one of {FLAVORS}")
     if quant not in (None, "int4"):
         raise ModelBuildError(f"llama: unknown quant {quant!r}; expected None or 'int4'")
-    cfg = resolve_config("llama", SIZES, size,
-                         dict(overrides, seed=seed, flavor=flavor, quant=quant))
+    cfg = resolve_config("llama", SIZES, size, dict(overrides, seed=seed, flavor=flavor, quant=quant))
     wts = decoder_weights(cfg, seed)
-    model = _build_onnx(cfg, wts) if flavor == "onnx" else build_genai(cfg, wts, _plain_rope(cfg))
+    model = _build_onnx(cfg, wts) if flavor == "onnx" else build_genai(cfg, wts, plain_rope(cfg))
     return attach_config(model, cfg)

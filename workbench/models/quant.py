@@ -48,9 +48,7 @@ def _unpack_nibbles(packed: np.ndarray, count: int) -> np.ndarray:
     return out[..., :count]
 
 
-def quantize_int4(
-    w: np.ndarray, block_size: int = BLOCK_SIZE, *, symmetric: bool = False
-) -> Int4Weight:
+def quantize_int4(w: np.ndarray, block_size: int = BLOCK_SIZE, *, symmetric: bool = False) -> Int4Weight:
     """Quantize a [K, N] float weight for MatMulNBits(bits=4)."""
     if w.ndim != 2:
         raise ValueError(f"quantize_int4 expects a [K, N] weight, got shape {w.shape}")
