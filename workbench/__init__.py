@@ -13,12 +13,17 @@ from .errors import (
     UnsupportedOperatorError,
     WorkbenchError,
 )
-from .session import InferenceSession, NodeArg, SessionOptions
+from .decode import DecodeInterfaceError, GenerationResult, Generator
+from .session import InferenceSession, IOBinding, NodeArg, SessionOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "DecodeInterfaceError",
+    "GenerationResult",
+    "Generator",
+    "IOBinding",
     "InferenceSession",
     "InputError",
     "KernelError",

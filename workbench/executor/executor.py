@@ -14,6 +14,15 @@ from .shapes import bind_symbols, input_symbols, resolve
 _NO_OUTS: list = []
 
 
+def _bound_signature(bound: dict[int, Any]) -> tuple:
+    """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
+    return tuple(
+        (vid, arr.__array_interface__["data"][0] if hasattr(arr, "__array_interface__") else id(arr),
+         arr.shape, arr.strides, arr.dtype.str)
+        for vid, arr in bound.items()
+    )
+
+
 class Executor:
     """Executes one graph. Owner buffers persist across runs while their shape holds.
 
@@ -49,8 +58,8 @@ class Executor:
             buf = self._buffers[vid] = self.backend.allocate(shape, dtype)
         return buf
 
-    def _prepare_outputs(self, bindings: dict[str, int]) -> None:
-        """Preallocate every output whose shape the bindings resolve."""
+    def _prepare_outputs(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
+        """Preallocate every output whose shape the bindings resolve; bound outputs are the caller's."""
         values = self.graph.values
         self._outs, self._dynamic = [], []
         for p in self.plan.nodes:
@@ -58,6 +67,9 @@ class Executor:
             dynamic = []
             for j, vid in enumerate(p.outputs):
                 v = values[vid] if vid >= 0 else None
+                if vid in bound:
+                    outs.append(bound[vid])
+                    continue
                 if (v is None or v.dtype is None or v.shape is None or self.jit_only
                         or p.spec.kind == "host_fallback" or p.index in self.jit_forced):
                     outs.append(None)
@@ -74,21 +86,26 @@ class Executor:
 
     # -- running --------------------------------------------------------------------
 
-    def run(self, feeds: dict[int, Any]) -> list[Any]:
-        """Run the plan on `feeds` (value id -> array); returns the value environment."""
+    def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None) -> list[Any]:
+        """Run the plan on `feeds` (value id -> array); returns the value environment.
+
+        `bound_outputs` (value id -> array) are written in place: the caller's arrays
+        become those values' buffers for this run.
+        """
         env = self._env
         for vid, arr in feeds.items():
             env[vid] = arr
+        bound = bound_outputs or {}
         if self.jit_only:
             bindings: dict[str, int] = {}
             if self._bound_key is not None:
-                self._prepare_outputs(bindings)
+                self._prepare_outputs(bindings, bound)
                 self._bound_key = None
         else:
             bindings = bind_symbols(self.graph, feeds)
-            key = tuple(bindings.items())
+            key = (tuple(bindings.items()), _bound_signature(bound))
             if key != self._bound_key:
-                self._prepare_outputs(bindings)
+                self._prepare_outputs(bindings, bound)
                 self._bound_key = key
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         self.last_bindings = bindings
@@ -119,7 +136,22 @@ class Executor:
                     env[vid] = o
                 else:
                     env[vid] = self._adopt(p, vid, r, bindings)
+        if bound:
+            self._fill_bound(env, bound)
         return env
+
+    def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
+        for vid, arr in bound.items():
+            value = env[vid]
+            if value is arr:
+                continue
+            if getattr(value, "shape", None) != arr.shape:
+                raise KernelError(
+                    f"bound output {self.graph.values[vid].name!r} has shape {tuple(arr.shape)} but the "
+                    f"model produced {tuple(getattr(value, 'shape', ()))}"
+                )
+            arr[...] = value
+            env[vid] = arr
 
     def _retry_unallocated(self, p: Any, ins: list, outs: list, error: Exception) -> Any:
         """A kernel failed: if we had preallocated, shape inference may be wrong; retry once."""

@@ -1,6 +1,7 @@
 """InferenceSession (onnxruntime-shaped), SessionOptions."""
 
 from .inference_session import InferenceSession, NodeArg
+from .io_binding import IOBinding
 from .options import SessionOptions
 
-__all__ = ["InferenceSession", "NodeArg", "SessionOptions"]
+__all__ = ["IOBinding", "InferenceSession", "NodeArg", "SessionOptions"]

@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..executor import Executor
 from ..ir import load_graph
 from ..ir.graph import Value
+from .io_binding import IOBinding
 from .options import SessionOptions
 
 
@@ -65,6 +66,19 @@ class InferenceSession:
         feeds = self._check_inputs(input_feed)
         env = self.executor.run(feeds)
         return [self._to_caller(env[self._output_ids[n]]) for n in names]
+
+    def io_binding(self) -> IOBinding:
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: IOBinding) -> None:
+        """Run with bound inputs; bound output arrays are written in place."""
+        feeds = self._check_inputs(binding.inputs)
+        caller_outputs = {self._output_ids[n]: a for n, a in binding.outputs.items() if a is not None}
+        env = self.executor.run(feeds, caller_outputs)
+        binding._results = {
+            name: (array if array is not None else self._to_caller(env[self._output_ids[name]]))
+            for name, array in binding.outputs.items()
+        }
 
     # -- introspection --------------------------------------------------------------------
 

@@ -1,0 +1,147 @@
+"""Greedy decode through workbench is token-exact against onnxruntime running the same loop."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import workbench
+from workbench import DecodeInterfaceError, Generator, models
+
+MODELS = {
+    "gpt2": lambda: models.gpt2("tiny"),
+    "llama-onnx": lambda: models.llama("tiny", flavor="onnx"),
+    "llama-genai": lambda: models.llama("tiny", flavor="genai"),
+    "llama-genai-int4": lambda: models.llama("tiny", flavor="genai", quant="int4"),
+    "phi3-longrope": lambda: models.phi3("tiny", longrope=True),
+}
+SHORT_PROMPT = list(range(3, 11))  # 8 tokens
+LONG_PROMPT = [(7 * i + 5) % 200 + 3 for i in range(20)]  # past phi3 tiny's LongRoPE threshold (16)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_bytes(name: str) -> bytes:
+    return MODELS[name]().SerializeToString()
+
+
+def _sessions(name: str):
+    data = _model_bytes(name)
+    return (workbench.InferenceSession(data),
+            ort.InferenceSession(data, providers=["CPUExecutionProvider"]))
+
+
+@pytest.mark.parametrize("prompt", [SHORT_PROMPT, LONG_PROMPT], ids=["prompt8", "prompt20"])
+@pytest.mark.parametrize("kv", ["growing", "fixed"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_decode_64_tokens_token_exact_vs_onnxruntime(name, kv, prompt):
+    ours, peer = _sessions(name)
+    got = Generator(ours).generate(prompt, 64, kv=kv, progress=False, return_logits=True, eos_token_id=-1)
+    want = Generator(peer).generate(prompt, 64, kv=kv, progress=False, return_logits=True, eos_token_id=-1)
+    assert len(got.tokens) == 64
+    assert got.tokens == want.tokens
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+    assert got.kv_mode == kv
+    assert got.shared_buffer == (kv == "fixed" and "genai" in name or kv == "fixed" and "phi3" in name)
+
+
+def test_auto_kv_uses_the_shared_buffer_for_group_query_attention():
+    ours, _ = _sessions("llama-genai")
+    result = Generator(ours).generate(SHORT_PROMPT, 4, progress=False)
+    assert (result.kv_mode, result.shared_buffer) == ("fixed", True)
+    ours, _ = _sessions("gpt2")
+    assert Generator(ours).generate(SHORT_PROMPT, 4, progress=False).kv_mode == "growing"
+
+
+def test_fixed_kv_buffers_never_move():
+    ours, _ = _sessions("llama-genai")
+    gen = Generator(ours)
+    seen = []
+    original = ours.run_with_iobinding
+
+    def spy(binding):
+        seen.append(tuple(a.ctypes.data for a in binding.outputs.values() if a is not None))
+        original(binding)
+
+    ours.run_with_iobinding = spy
+    gen.generate(SHORT_PROMPT, 6, kv="fixed", progress=False)
+    assert len(seen) == 6 and len(set(seen)) == 1 and len(seen[0]) == 2 * 2  # 2 layers x key/value
+
+
+def test_eos_stops_generation():
+    ours, _ = _sessions("gpt2")
+    first = Generator(ours).generate(SHORT_PROMPT, 8, progress=False, eos_token_id=-1)
+    eos = first.tokens[2]
+    stopped = Generator(ours).generate(SHORT_PROMPT, 8, progress=False, eos_token_id=eos)
+    assert stopped.stopped_by_eos
+    assert stopped.tokens == first.tokens[: first.tokens.index(eos) + 1]
+    assert len(stopped.step_times) == len(stopped.tokens)
+
+
+def test_builders_are_fast_at_tiny_size():
+    import time
+
+    for name, build in MODELS.items():
+        t0 = time.perf_counter()
+        build()
+        assert time.perf_counter() - t0 < 1.0, name
+
+
+# -- wrong use ---------------------------------------------------------------------
+
+
+def _no_kv_model() -> onnx.ModelProto:
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)
+    emb = helper.make_tensor("emb", TensorProto.FLOAT, [16, 16], np.eye(16, dtype=np.float32).ravel())
+    graph = helper.make_graph([helper.make_node("Gather", ["emb", "input_ids"], ["logits"])], "nokv",
+                              [ids], [logits], [emb])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fixed_kv_without_kv_inputs_is_refused():
+    gen = Generator(workbench.InferenceSession(_no_kv_model()))
+    with pytest.raises(DecodeInterfaceError, match="kv='fixed' needs past/present KV inputs"):
+        gen.generate([1, 2], 3, kv="fixed", progress=False)
+    # growing (no cache at all) still decodes
+    assert len(gen.generate([1, 2], 3, kv="growing", progress=False).tokens) == 3
+
+
+def test_max_length_smaller_than_prompt_is_refused():
+    ours, _ = _sessions("gpt2")
+    with pytest.raises(DecodeInterfaceError, match="max_length 5 is smaller than the prompt"):
+        Generator(ours).generate(SHORT_PROMPT, 4, max_length=5, progress=False)
+
+
+def test_kv_dtype_mismatch_is_refused():
+    model = models.gpt2("tiny")
+    for out in model.graph.output:
+        if out.name.startswith("present"):
+            out.type.tensor_type.elem_type = TensorProto.FLOAT16
+    with pytest.raises(DecodeInterfaceError, match="KV dtype mismatch.*past_key_values.0.key.*float32.*float16"):
+        Generator(_FakeSession(model))
+
+
+class _FakeSession:
+    """Just the ORT-shaped description of a model, for interface checks."""
+
+    def __init__(self, model):
+        self._model_bytes = model.SerializeToString()
+        s = workbench.session.inference_session
+        g = workbench.ir.loader.GraphBuilder(workbench.ir.loader.opset_map(model)).build(model.graph)
+        self._in = [s._node_arg(g.values[v]) for v in g.inputs]
+        self._out = [s._node_arg(g.values[v]) for v in g.outputs]
+
+    def get_inputs(self):
+        return self._in
+
+    def get_outputs(self):
+        return self._out
+
+    def get_modelmeta(self):
+        raise RuntimeError

@@ -1,0 +1,188 @@
+"""Greedy token-by-token decoding with a KV cache, on workbench or onnxruntime sessions."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, discover
+from .runners import model_metadata, model_op_types, run_step
+
+#: attention ops that read past and write present in one fixed-capacity buffer
+SHARED_BUFFER_OPS = frozenset({"GroupQueryAttention"})
+
+
+@dataclass
+class GenerationResult:
+    prompt: list[int]
+    tokens: list[int]  # the new tokens only
+    step_times: list[float]  # seconds per step; step 0 is the prefill
+    kv_mode: str  # "growing" | "fixed"
+    shared_buffer: bool
+    stopped_by_eos: bool
+    logits: list[np.ndarray] = field(default_factory=list)  # per step, last position, if asked
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    @property
+    def decode_latency(self) -> float:
+        """Median seconds per one-token step (prefill excluded)."""
+        steps = self.step_times[1:]
+        return float(np.median(steps)) if steps else float("nan")
+
+
+class Generator:
+    """Drive a decoder session: prefill, then one token per step until EOS or the budget.
+
+    Works with `workbench.InferenceSession` and with `onnxruntime.InferenceSession`
+    alike (same loop), so the two can be compared token for token.
+    """
+
+    def __init__(self, session: Any):
+        self.session = session
+        self.interface: DecodeInterface = discover(session)
+        ops = model_op_types(session) or set()
+        self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS)
+        meta = model_metadata(session)
+        self.default_eos: int | None = None
+        try:
+            self.default_eos = json.loads(meta.get("workbench.model_config", "{}")).get("eos_token_id")
+        except ValueError:
+            pass
+
+    def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
+                 max_length: int | None = None, eos_token_id: int | None = None,
+                 progress: bool = True, return_logits: bool = False) -> GenerationResult:
+        prompt = [int(t) for t in np.asarray(input_ids).reshape(-1)]
+        if not prompt:
+            raise DecodeInterfaceError("the prompt is empty: give at least one token")
+        if max_new_tokens < 1:
+            raise DecodeInterfaceError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        eos = self.default_eos if eos_token_id is None else eos_token_id
+        mode = self._kv_mode(kv)
+        if max_length is None:
+            max_length = len(prompt) + max_new_tokens
+        if max_length < len(prompt) + 1:
+            raise DecodeInterfaceError(
+                f"max_length {max_length} is smaller than the prompt ({len(prompt)} tokens) plus one new token"
+            )
+        shared = mode == "fixed" and self.supports_shared_buffer
+        cache = _KvCache(self.interface, mode, shared, max_length)
+        result = GenerationResult(prompt, [], [], mode, shared, False)
+        budget = min(max_new_tokens, max_length - len(prompt))
+        bar = _progress(budget, progress)
+        pending = prompt
+        try:
+            for _ in range(budget):
+                t0 = time.perf_counter()
+                logits = self._step(pending, cache)
+                token = int(np.argmax(logits))
+                result.step_times.append(time.perf_counter() - t0)
+                if return_logits:
+                    result.logits.append(logits)
+                result.tokens.append(token)
+                bar.update(1)
+                if eos is not None and token == eos:
+                    result.stopped_by_eos = True
+                    break
+                pending = [token]
+        finally:
+            bar.close()
+        return result
+
+    def _kv_mode(self, kv: str) -> str:
+        if kv not in ("auto", "growing", "fixed"):
+            raise DecodeInterfaceError(f"kv must be 'auto', 'growing' or 'fixed', got {kv!r}")
+        if kv == "fixed" and not self.interface.kv:
+            raise DecodeInterfaceError(
+                "kv='fixed' needs past/present KV inputs (e.g. past_key_values.0.key) and this "
+                "model has none"
+            )
+        if kv == "auto":
+            return "fixed" if self.interface.kv and self.supports_shared_buffer else "growing"
+        return kv
+
+    def _step(self, tokens: list[int], cache: "_KvCache") -> np.ndarray:
+        io = self.interface
+        n, past_len = len(tokens), cache.length
+        feeds: dict[str, np.ndarray] = {io.input_ids: np.asarray([tokens], dtype=np.int64)}
+        if io.attention_mask:
+            feeds[io.attention_mask] = np.ones((1, past_len + n), dtype=np.int64)
+        if io.position_ids:
+            feeds[io.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+        feeds.update(cache.past_feeds())
+        wanted = [io.logits] + cache.wanted_presents()
+        out = run_step(self.session, feeds, cache.bound_presents(), wanted)
+        cache.advance(n, out)
+        return np.asarray(out[io.logits])[0, -1].astype(np.float32, copy=True)
+
+
+class _KvCache:
+    """The KV cache of one generation: growing arrays, or one fixed buffer per slot."""
+
+    def __init__(self, io: DecodeInterface, mode: str, shared: bool, capacity: int):
+        self.io, self.mode, self.shared, self.capacity = io, mode, shared, capacity
+        self.length = 0
+        self.arrays: dict[str, np.ndarray] = {}
+        for slot in io.kv:
+            length = capacity if mode == "fixed" else 0
+            self.arrays[slot.past] = np.zeros(_kv_shape(slot, length), dtype=slot.dtype)
+
+    def past_feeds(self) -> dict[str, np.ndarray]:
+        if self.mode == "growing" or self.shared:
+            return dict(self.arrays)
+        # fixed, not shared: a zero-copy view of the filled part of each buffer
+        return {s.past: _take(self.arrays[s.past], s.seq_axis, 0, self.length) for s in self.io.kv}
+
+    def bound_presents(self) -> dict[str, np.ndarray]:
+        return {s.present: self.arrays[s.past] for s in self.io.kv} if self.shared else {}
+
+    def wanted_presents(self) -> list[str]:
+        return [] if self.shared else [s.present for s in self.io.kv]
+
+    def advance(self, n: int, out: dict[str, np.ndarray]) -> None:
+        new_len = self.length + n
+        if self.mode == "growing":
+            for s in self.io.kv:
+                self.arrays[s.past] = out[s.present]
+        elif not self.shared:
+            for s in self.io.kv:
+                present = out[s.present]
+                _take(self.arrays[s.past], s.seq_axis, self.length, new_len)[...] = \
+                    _take(present, s.seq_axis, self.length, new_len)
+        self.length = new_len
+
+
+def _kv_shape(slot: KvSlot, length: int) -> tuple[int, ...]:
+    shape = []
+    for axis, d in enumerate(slot.shape):
+        if axis == slot.seq_axis:
+            shape.append(length)
+        elif isinstance(d, int):
+            shape.append(d)
+        elif axis == 0:
+            shape.append(1)  # batch
+        else:
+            raise DecodeInterfaceError(
+                f"KV input {slot.past!r} has symbolic dim {d!r} on axis {axis}; only batch and "
+                "sequence axes may be symbolic"
+            )
+    return tuple(shape)
+
+
+def _take(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(start, stop)
+    return array[tuple(index)]
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, disable=not enabled, desc="decode", unit="tok", leave=False)

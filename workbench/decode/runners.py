@@ -1,0 +1,79 @@
+"""One decode step on either runtime: workbench's session or onnxruntime's.
+
+The Generator's loop is the same for both, so token-exact comparisons measure the
+runtimes and nothing else. Only the I/O-binding calls differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def is_workbench_session(session: Any) -> bool:
+    return hasattr(session, "executor") and hasattr(session, "run_with_iobinding")
+
+
+def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str, np.ndarray],
+             wanted: list[str]) -> dict[str, np.ndarray]:
+    """Run one step; `bound_outputs` are written in place, `wanted` are returned."""
+    if not bound_outputs:
+        return dict(zip(wanted, session.run(wanted, feeds)))
+    if is_workbench_session(session):
+        binding = session.io_binding()
+        for name, arr in feeds.items():
+            binding.bind_input(name, arr)
+        for name, arr in bound_outputs.items():
+            binding.bind_output(name, arr)
+        for name in wanted:
+            binding.bind_output(name)
+        session.run_with_iobinding(binding)
+        return dict(zip(binding.outputs, binding.get_outputs()))
+    return _run_onnxruntime_bound(session, feeds, bound_outputs, wanted)
+
+
+def _run_onnxruntime_bound(session: Any, feeds, bound_outputs, wanted) -> dict[str, np.ndarray]:
+    binding = session.io_binding()
+    for name, arr in feeds.items():
+        binding.bind_cpu_input(name, np.ascontiguousarray(arr))
+    for name, arr in bound_outputs.items():
+        # present and past share this memory: onnxruntime writes the KV cache in place
+        binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+    for name in wanted:
+        binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+    results = binding.copy_outputs_to_cpu()
+    names = list(bound_outputs) + list(wanted)
+    return {n: r for n, r in zip(names, results) if n in wanted}
+
+
+def model_op_types(session: Any) -> set[str] | None:
+    """The op types in the session's model, when they can be known."""
+    if is_workbench_session(session):
+        ops = set()
+        stack = [session.graph]
+        while stack:
+            g = stack.pop()
+            for node in g.nodes:
+                ops.add(node.op_type)
+                stack.extend(node.subgraphs.values())
+        return ops
+    import onnx  # noqa: PLC0415
+
+    path = getattr(session, "_model_path", None)
+    raw = getattr(session, "_model_bytes", None)
+    try:
+        model = onnx.load(path, load_external_data=False) if path else onnx.load_from_string(raw) if raw else None
+    except Exception:  # noqa: BLE001
+        return None
+    return {n.op_type for n in model.graph.node} if model is not None else None
+
+
+def model_metadata(session: Any) -> dict[str, str]:
+    if is_workbench_session(session):
+        return {p.key: p.value for p in session.model_proto.metadata_props}
+    try:
+        return dict(session.get_modelmeta().custom_metadata_map)
+    except Exception:  # noqa: BLE001
+        return {}
