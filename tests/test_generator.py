@@ -145,3 +145,9 @@ class _FakeSession:
 
     def get_modelmeta(self):
         raise RuntimeError
+
+
+def test_length_beyond_the_models_positions_is_refused():
+    ours, _ = _sessions("gpt2")
+    with pytest.raises(DecodeInterfaceError, match="exceeds the model's 128 positions"):
+        Generator(ours).generate(SHORT_PROMPT, 200, progress=False)

@@ -50,11 +50,13 @@ class Generator:
         ops = model_op_types(session) or set()
         self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS)
         meta = model_metadata(session)
-        self.default_eos: int | None = None
         try:
-            self.default_eos = json.loads(meta.get("workbench.model_config", "{}")).get("eos_token_id")
+            config = json.loads(meta.get("workbench.model_config", "{}"))
         except ValueError:
-            pass
+            config = {}
+        self.default_eos: int | None = config.get("eos_token_id")
+        #: positions the model has rotary/learned embeddings for, when it says
+        self.max_positions: int | None = config.get("max_positions")
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
@@ -71,6 +73,11 @@ class Generator:
         if max_length < len(prompt) + 1:
             raise DecodeInterfaceError(
                 f"max_length {max_length} is smaller than the prompt ({len(prompt)} tokens) plus one new token"
+            )
+        if self.max_positions and max_length > self.max_positions:
+            raise DecodeInterfaceError(
+                f"max_length {max_length} exceeds the model's {self.max_positions} positions; "
+                "lower max_new_tokens or max_length"
             )
         shared = mode == "fixed" and self.supports_shared_buffer
         cache = _KvCache(self.interface, mode, shared, max_length)

@@ -10,6 +10,7 @@ KERNEL_MODULES = (
     "layout", "indexing",
     "reduce", "linalg", "softmax", "normalization",
     "control_flow", "legacy",
+    "contrib",
 )
 
 for _name in KERNEL_MODULES:

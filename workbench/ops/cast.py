@@ -1,0 +1,172 @@
+"""Cast and CastLike.
+
+Between numpy's plain dtypes (floats, ints, bool) a cast is one assignment into
+the preallocated output (C-style conversion: floats truncate toward zero, nonzero
+is True). Strings (object arrays of str) live on the host: number -> string uses
+numpy's shortest round-trip text, string -> number parses each element, both as
+onnx.reference does; those nodes decline device-graph capture.
+
+Targets numpy has no arithmetic for (bfloat16, float8*, float4, int4/uint4,
+int2/uint2) need saturation and rounding modes defined by the spec: such a Cast
+runs a one-node onnx.reference model on the host and declines capture. The
+registry selects a kernel by *input* dtypes only, so a Cast from float to float8
+still lands here; CastLike checks its target input (position 1) and so falls
+back by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from ..dtypes import ALL_PLAIN
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+
+STRING = np.dtype(object)
+#: dtypes cast natively; anything else (ml_dtypes' exotic types) goes through onnx.reference
+NATIVE = ALL_PLAIN | {STRING}
+
+CastFn = Callable[[Any, Any], Any]  # (x, out or None) -> result
+
+
+def _cast_target(info: NodeInfo) -> np.dtype | None:
+    """The dtype Cast converts to, from its `to` attribute."""
+    to = info.attr("to")
+    if to is None:
+        raise ValueError(f"Cast node {info.name!r} has no 'to' attribute")
+    return np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
+
+
+def _castlike_target(info: NodeInfo) -> np.dtype | None:
+    """CastLike's target: the dtype of input 1 (or of the output), None when unknown."""
+    for dt in (info.input_dtypes[1] if len(info.input_dtypes) > 1 else None,
+               info.output_dtypes[0] if info.output_dtypes else None):
+        if dt is not None:
+            return np.dtype(dt)
+    return None
+
+
+def _verdict(source: np.dtype | None, target: np.dtype | None) -> CaptureVerdict:
+    if target is not None and target not in NATIVE:
+        return declined("host_fallback_kernel",
+                        f"casts to {target} through onnx.reference on the host")
+    if STRING in (source, target):
+        return declined("host_only_dtype", "string tensors live on the host")
+    return CAPTURE_SUPPORTED
+
+
+# --- the conversions -------------------------------------------------------------------
+
+
+def _plain_cast(target: np.dtype) -> CastFn:
+    def cast(x: Any, out: Any) -> Any:
+        if out is None:
+            return x.astype(target)
+        out[...] = x  # assignment converts with C semantics (unsafe casting)
+        return out
+
+    return cast
+
+
+def _to_string(x: Any, out: Any) -> Any:
+    text = np.asarray(x).astype(np.str_).astype(object)  # python str elements
+    if out is None:
+        return text
+    out[...] = text
+    return out
+
+
+def _from_string(target: np.dtype) -> CastFn:
+    def cast(x: Any, out: Any) -> Any:
+        value = np.asarray(x, dtype=object).astype(target)  # float("INF"), int("7"), ...
+        if out is None:
+            return value
+        out[...] = value
+        return out
+
+    return cast
+
+
+def _reference_cast(info: NodeInfo, source: np.dtype, target: np.dtype) -> CastFn:
+    """A host cast through a one-node onnx.reference model (exotic targets)."""
+    attrs = {k: info.attrs[k] for k in ("saturate", "round_mode") if k in info.attrs}
+    node = helper.make_node("Cast", ["x"], ["y"], to=helper.np_dtype_to_tensor_dtype(target),
+                            **attrs)
+    graph = helper.make_graph(
+        [node], "cast",
+        [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(source), None)],
+        [helper.make_tensor_value_info("y", 0, None)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
+    evaluator = ReferenceEvaluator(model)
+
+    def cast(x: Any, out: Any) -> Any:
+        host = x.get() if hasattr(x, "get") else x  # a CuPy array comes to the host
+        (value,) = evaluator.run(None, {"x": np.asarray(host)})
+        value = np.asarray(value)
+        if out is None:
+            return value
+        out[...] = value
+        return out
+
+    return cast
+
+
+def _cast_fn(info: NodeInfo, source: np.dtype, target: np.dtype) -> CastFn:
+    if target not in NATIVE or source not in NATIVE:
+        return _reference_cast(info, source, target)
+    if target == STRING:
+        return _to_string
+    if source == STRING:
+        return _from_string(target)
+    return _plain_cast(target)
+
+
+def _kernel(info: NodeInfo, source: np.dtype | None, target: np.dtype | None) -> KernelFn:
+    if source is not None and target is not None:
+        cast = _cast_fn(info, source, target)
+
+        def run(inputs: list, outs: list) -> tuple:
+            return (cast(inputs[0], outs[0]),)
+        return run
+
+    # a dtype shape inference left unknown: choose the conversion per run dtypes
+    chosen: dict[tuple, CastFn] = {}
+
+    def run_dynamic(inputs: list, outs: list) -> tuple:
+        x = inputs[0]
+        to = target if target is not None else np.dtype(inputs[1].dtype)
+        key = (np.dtype(x.dtype), to)
+        cast = chosen.get(key)
+        if cast is None:
+            cast = chosen[key] = _cast_fn(info, *key)
+        return (cast(x, outs[0]),)
+
+    return run_dynamic
+
+
+# --- registration ---------------------------------------------------------------------
+
+
+def _cast_verdict(info: NodeInfo) -> CaptureVerdict:
+    return _verdict(info.input_dtypes[0], _cast_target(info))
+
+
+def _castlike_verdict(info: NodeInfo) -> CaptureVerdict:
+    return _verdict(info.input_dtypes[0], _castlike_target(info))
+
+
+@register("Cast", since=6, dtypes=NATIVE, may_run_in_place=True, capture=_cast_verdict)
+def cast(info: NodeInfo) -> KernelFn:
+    return _kernel(info, info.input_dtypes[0], _cast_target(info))
+
+
+@register("CastLike", since=15, dtypes=NATIVE, dtype_inputs=(0, 1), may_run_in_place=True,
+          capture=_castlike_verdict)
+def cast_like(info: NodeInfo) -> KernelFn:
+    return _kernel(info, info.input_dtypes[0], _castlike_target(info))

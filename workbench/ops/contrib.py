@@ -1,0 +1,146 @@
+"""onnxruntime contrib ops (``com.microsoft``) and the LLM ops of opset 23+, natively.
+
+Every kernel here reproduces what onnxruntime's CPU execution provider computes
+(verified against it in ``tests/test_contrib_ops.py``): half-precision inputs are
+widened to float32, computed, and rounded back once at the end, as onnxruntime's
+CPU kernels do. Kernels use the backend's array module (``info.xp``) and never
+read input values on the host unless an output shape can be known no other way.
+
+This module holds the helpers the contrib families share plus the activation
+ops; importing it registers the whole family:
+
+- :mod:`.contrib_attention`: GroupQueryAttention, RotaryEmbedding (both domains),
+  Attention (opset 23+)
+- :mod:`.contrib_norm`: SkipLayerNormalization, SkipSimplifiedLayerNormalization
+- :mod:`.contrib_quant`: MatMulNBits
+
+onnxruntime behaviours reproduced on purpose (each pinned by a test): GroupQueryAttention's
+``local_window_size`` W lets a query see W keys (itself included); its first prompt
+(S == total_sequence_length) uses only ``position_ids[0]`` as a rotary offset; its
+softcap applies before ``attention_bias``; an unshared present cache is zero beyond the
+written rows. MatMulNBits ignores packed uint8 zero points when ``g_idx`` is given.
+Where onnxruntime reads memory it never wrote (GroupQueryAttention without present
+outputs but with a past; padded prompt rows under a local window) the result is ours,
+not an imitation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+from .registry import KernelFn, NodeInfo, register
+
+MS_DOMAIN = "com.microsoft"
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+try:  # bfloat16 exists in numpy only through ml_dtypes (an onnx dependency)
+    import ml_dtypes
+
+    BF16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
+    BF16 = None
+
+#: float16 / bfloat16 / float32: what onnxruntime's contrib CPU kernels accept
+HALF_AND_FLOAT = frozenset(d for d in (F16, F32, BF16) if d is not None)
+#: ... plus float64 where the schema allows it
+HALF_FLOAT_DOUBLE = HALF_AND_FLOAT | {F64}
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """float64 stays float64; every other float is computed in float32."""
+    return F64 if np.dtype(dtype) == F64 else F32
+
+
+def out_dtype(info: NodeInfo, index: int = 0, input_index: int = 0) -> np.dtype:
+    """The declared dtype of output `index`, else that of input `input_index`."""
+    if index < len(info.output_dtypes) and info.output_dtypes[index] is not None:
+        return np.dtype(info.output_dtypes[index])
+    if input_index < len(info.input_dtypes) and info.input_dtypes[input_index] is not None:
+        return np.dtype(info.input_dtypes[input_index])
+    return F32
+
+
+def emit(out: Any, value: Any, dtype: np.dtype) -> Any:
+    """Write `value` into the preallocated `out` (casting), or return it as a contiguous
+    array of `dtype` (never a view of an input: callers pass computed values)."""
+    if out is None:
+        value = value.astype(dtype, copy=False)
+        return value if value.flags.c_contiguous else value.copy()
+    if tuple(out.shape) != tuple(value.shape):
+        raise KernelError(f"preallocated output has shape {tuple(out.shape)}, "
+                          f"the kernel computed {tuple(value.shape)}")
+    out[...] = value
+    return out
+
+
+def used(info: NodeInfo, index: int) -> bool:
+    """Whether output `index` exists and was asked for."""
+    if index >= len(info.output_dtypes) and index >= len(info.output_used):
+        return False
+    if index < len(info.output_used):
+        return bool(info.output_used[index])
+    return True
+
+
+def pad_inputs(inputs: list, n: int) -> list:
+    """`inputs` padded with None up to `n` entries (trailing optionals omitted)."""
+    return list(inputs) + [None] * (n - len(inputs))
+
+
+def attr_str(info: NodeInfo, name: str, default: str) -> str:
+    value = info.attr(name, default)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --- activations -----------------------------------------------------------------
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_CUBIC = 0.044715
+
+
+@register("FastGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
+def build_fast_gelu(info: NodeInfo) -> KernelFn:
+    """y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x = X (+ bias)."""
+    xp = info.xp
+    dtype = out_dtype(info)
+
+    def run(inputs: list, outs: list) -> tuple:
+        x, bias = pad_inputs(inputs, 2)[:2]
+        ct = compute_dtype(x.dtype)
+        v = x.astype(ct)
+        if bias is not None:
+            v = v + bias.astype(ct)
+        inner = v * (ct.type(_SQRT_2_OVER_PI) + ct.type(_SQRT_2_OVER_PI * _GELU_CUBIC) * v * v)
+        y = ct.type(0.5) * v * (ct.type(1.0) + xp.tanh(inner))
+        return (emit(outs[0], y, dtype),)
+
+    return run
+
+
+@register("QuickGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
+def build_quick_gelu(info: NodeInfo) -> KernelFn:
+    """y = x * sigmoid(alpha * x)."""
+    xp = info.xp
+    dtype = out_dtype(info)
+    alpha = float(info.attr("alpha", 1.702))
+
+    def run(inputs: list, outs: list) -> tuple:
+        x = inputs[0]
+        ct = compute_dtype(x.dtype)
+        v = x.astype(ct)
+        z = ct.type(alpha) * v
+        # a sigmoid that does not overflow for large |z|
+        e = xp.exp(-xp.abs(z))
+        sig = xp.where(z >= 0, ct.type(1.0) / (ct.type(1.0) + e), e / (ct.type(1.0) + e))
+        return (emit(outs[0], v * sig, dtype),)
+
+    return run
+
+
+# Registering the other contrib families (they import the helpers above).
+from . import contrib_attention, contrib_norm, contrib_quant  # noqa: E402,F401

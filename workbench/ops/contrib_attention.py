@@ -1,0 +1,607 @@
+"""Attention-family kernels: GroupQueryAttention and RotaryEmbedding (com.microsoft),
+Attention and RotaryEmbedding (default domain, opset 23+).
+
+All of them run on the backend's array module and keep per-batch lengths
+(``seqlens_k``, ``query_seqlens``, ``nonpad_kv_seqlen``) on the device: masks and KV
+cache writes are built from those arrays with elementwise ops and fancy indexing, never
+from host copies of their values, so the kernels stay recordable into a device graph.
+The one unavoidable host read is GroupQueryAttention's ``total_sequence_length`` when a
+present / output_qk shape depends on it and the executor could not preallocate it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+from .contrib import (
+    F16,
+    F32,
+    F64,
+    HALF_AND_FLOAT,
+    MS_DOMAIN,
+    attr_str,
+    compute_dtype,
+    emit,
+    out_dtype,
+    pad_inputs,
+    used,
+)
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+
+# --- rotary embedding ---------------------------------------------------------------
+
+
+def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool) -> Any:
+    """Rotary embedding of the last axis of `x` (first `rot_dim` features rotated).
+
+    `cos`/`sin` broadcast against ``x[..., :rot_dim // 2]``. Non-interleaved pairs
+    feature i with i + rot_dim/2; interleaved pairs 2i with 2i + 1.
+    """
+    half = rot_dim // 2
+    if interleaved:
+        x1 = x[..., 0:rot_dim:2]
+        x2 = x[..., 1:rot_dim:2]
+        real = x1 * cos - x2 * sin
+        imag = x2 * cos + x1 * sin
+        rot = xp.stack([real, imag], axis=-1).reshape(real.shape[:-1] + (rot_dim,))
+    else:
+        x1 = x[..., :half]
+        x2 = x[..., half:rot_dim]
+        rot = xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    if rot_dim < x.shape[-1]:
+        rot = xp.concatenate([rot, x[..., rot_dim:]], axis=-1)
+    return rot
+
+
+def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
+    """cache[positions] (positions clipped into the cache) in the compute dtype."""
+    idx = xp.clip(positions.astype(np.int64, copy=False), 0, cache.shape[0] - 1)
+    return xp.take(cache, idx, axis=0).astype(ct, copy=False)
+
+
+@register("RotaryEmbedding", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
+    """com.microsoft RotaryEmbedding: inputs (input, position_ids, cos_cache, sin_cache).
+
+    input is [B, S, hidden] or [B, N, S, H]; position_ids is one offset (shape () or
+    (1,)) or [B, S]; caches are [max_position, rotary_dim / 2]. ``scale`` and
+    ``is_packed_batching`` do not change the result (as in onnxruntime's CPU kernel).
+    """
+    xp = info.xp
+    num_heads = int(info.attr("num_heads", 0))
+    rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
+    interleaved = int(info.attr("interleaved", 0)) == 1
+    dtype = out_dtype(info)
+    if rotary_dim_attr > 0 and num_heads <= 0:
+        raise KernelError(f"RotaryEmbedding node {info.name!r}: num_heads must be given "
+                          "with rotary_embedding_dim")
+
+    def run(inputs: list, outs: list) -> tuple:
+        x, position_ids, cos_cache, sin_cache = inputs[:4]
+        ct = compute_dtype(x.dtype)
+        if x.ndim == 4:
+            batch, heads, seq, _ = x.shape
+            hidden = heads * x.shape[3]
+        elif x.ndim == 3:
+            batch, seq, hidden = x.shape
+        else:
+            raise KernelError(f"RotaryEmbedding node {info.name!r}: input has rank {x.ndim}, "
+                              "expected 3 or 4")
+        head_size = cos_cache.shape[1] * 2 if rotary_dim_attr == 0 else hidden // num_heads
+        rot_dim = rotary_dim_attr if rotary_dim_attr > 0 else head_size
+        n_heads = num_heads if num_heads > 0 else hidden // head_size
+        if position_ids.size == 1:
+            positions = position_ids.reshape(1, 1) + xp.arange(seq, dtype=np.int64)[None, :]
+        else:
+            positions = position_ids.reshape(batch, seq)
+        cos = _gather_rows(xp, cos_cache, positions, ct)[..., : rot_dim // 2]
+        sin = _gather_rows(xp, sin_cache, positions, ct)[..., : rot_dim // 2]
+        if x.ndim == 4:
+            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved)
+        else:
+            xr = x.reshape(batch, seq, n_heads, head_size).astype(ct, copy=False)
+            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
+        return (emit(outs[0], y.reshape(x.shape), dtype),)
+
+    return run
+
+
+@register("RotaryEmbedding", domain="", since=23, dtypes=HALF_AND_FLOAT)
+def build_rotary_embedding(info: NodeInfo) -> KernelFn:
+    """ONNX RotaryEmbedding-23: inputs (X, cos_cache, sin_cache, position_ids?).
+
+    X is [B, N, S, H] or [B, S, hidden] (``num_heads`` required); with position_ids the
+    caches are [max_position, rotary_dim / 2], without they are [B, S, rotary_dim / 2].
+    """
+    xp = info.xp
+    num_heads = int(info.attr("num_heads", 0))
+    rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
+    interleaved = int(info.attr("interleaved", 0)) == 1
+    dtype = out_dtype(info)
+
+    def run(inputs: list, outs: list) -> tuple:
+        x, cos_cache, sin_cache, position_ids = pad_inputs(inputs, 4)[:4]
+        ct = compute_dtype(x.dtype)
+        if x.ndim == 4:
+            batch, _, seq, head_size = x.shape
+        elif x.ndim == 3:
+            if num_heads <= 0:
+                raise KernelError(f"RotaryEmbedding node {info.name!r}: num_heads is required "
+                                  "for a 3D input")
+            batch, seq, hidden = x.shape
+            head_size = hidden // num_heads
+        else:
+            raise KernelError(f"RotaryEmbedding node {info.name!r}: input has rank {x.ndim}, "
+                              "expected 3 or 4")
+        rot_dim = rotary_dim_attr if rotary_dim_attr > 0 else head_size
+        if position_ids is not None:
+            cos = _gather_rows(xp, cos_cache, position_ids.reshape(batch, seq), ct)
+            sin = _gather_rows(xp, sin_cache, position_ids.reshape(batch, seq), ct)
+        else:
+            cos = cos_cache.reshape(batch, seq, -1).astype(ct, copy=False)
+            sin = sin_cache.reshape(batch, seq, -1).astype(ct, copy=False)
+        cos = cos[..., : rot_dim // 2]
+        sin = sin[..., : rot_dim // 2]
+        if x.ndim == 4:
+            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved)
+        else:
+            xr = x.reshape(batch, seq, num_heads, head_size).astype(ct, copy=False)
+            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
+        return (emit(outs[0], y.reshape(x.shape), dtype),)
+
+    return run
+
+
+# --- shared attention pieces -----------------------------------------------------------
+
+def _masked_softmax(xp: Any, scores: Any, allowed: Any, sink: Any = None) -> Any:
+    """Softmax over the last axis restricted to `allowed` (broadcastable bool).
+
+    Disallowed entries get probability 0; a row with nothing allowed is all zeros.
+    `sink` (broadcastable to scores[..., :1]) adds exp(sink) to every denominator.
+    """
+    ct = scores.dtype
+    masked = xp.where(allowed, scores, ct.type(-np.inf))
+    row_max = xp.max(masked, axis=-1, keepdims=True)
+    if sink is not None:
+        row_max = xp.maximum(row_max, sink)
+    row_max = xp.where(xp.isfinite(row_max), row_max, ct.type(0.0))
+    e = xp.where(allowed, xp.exp(masked - row_max), ct.type(0.0))
+    denom = xp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + xp.exp(sink - row_max)
+    denom = xp.where(denom > 0, denom, ct.type(1.0))
+    return e / denom
+
+
+def _softcap(xp: Any, scores: Any, softcap: float) -> Any:
+    if softcap > 0.0:
+        c = scores.dtype.type(softcap)
+        return c * xp.tanh(scores / c)
+    return scores
+
+
+def _host_int(value: Any) -> int:
+    """Read a one-element integer input on the host (a sync on a device backend)."""
+    return int(value.reshape(-1)[0])
+
+
+def _same_buffer(a: Any, b: Any) -> bool:
+    """Whether two arrays are the same memory (the shared past/present KV buffer case)."""
+    if a is None or b is None:
+        return False
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and a.ctypes.data == b.ctypes.data
+    try:  # cupy
+        return a.shape == b.shape and a.data.ptr == b.data.ptr
+    except AttributeError:
+        return False
+
+
+# --- GroupQueryAttention ----------------------------------------------------------------
+
+_GQA_INPUTS = 17
+_I_TOTAL = 6
+
+
+def _gqa_capture(info: NodeInfo) -> CaptureVerdict:
+    """Capturable unless a used output's shape needs total_sequence_length's value and the
+    model gives no static or symbolic dimension for it."""
+    if _I_TOTAL in info.constant_inputs:
+        return CAPTURE_SUPPORTED
+    for index, axis in ((1, 2), (2, 2), (3, 3)):
+        if not used(info, index):
+            continue
+        shape = info.output_shapes[index] if index < len(info.output_shapes) else None
+        dim = shape[axis] if shape is not None and len(shape) > axis else None
+        if not isinstance(dim, (int, str)) or isinstance(dim, bool) or dim == "":
+            return declined("host_read", "GroupQueryAttention reads total_sequence_length on the "
+                            "host to size its present/output_qk outputs (their shape is unknown)")
+    return CAPTURE_SUPPORTED
+
+
+@register("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture)
+def build_group_query_attention(info: NodeInfo) -> KernelFn:
+    """com.microsoft GroupQueryAttention, as onnxruntime's CPU kernel computes it.
+
+    Inputs: query, key?, value?, past_key?, past_value?, seqlens_k, total_sequence_length,
+    cos_cache?, sin_cache?, position_ids?, attention_bias?, head_sink?, k_scale?, v_scale?
+    (ignored: the quantized cache they serve is rejected), q_norm_weight?, k_norm_weight?
+    (rejected, as onnxruntime's CPU kernel does), query_seqlens?.
+    Outputs: output, present_key?, present_value?, output_qk?.
+
+    Per batch entry b: T_b = seqlens_k[b] + 1 keys exist after this step. Query row s sits
+    at absolute position P_b + s, where P_b = T_b - query_seqlens[b] when query_seqlens is
+    given, else max(T_b - S, 0) (a first prompt, S == total_sequence_length, has P_b = 0
+    and may be right-padded). New key/value rows (all S, or the valid query_seqlens[b])
+    land at [P_b, ...) of the present cache; the present cache holds past rows [0, P_b),
+    the new rows and zeros elsewhere, or, when present is the very buffer of past (shared
+    KV buffer), only the new rows are written. The present length is max(total, past).
+    """
+    xp = info.xp
+    num_heads = int(info.attr("num_heads"))
+    kv_num_heads = int(info.attr("kv_num_heads"))
+    if num_heads <= 0 or kv_num_heads <= 0 or num_heads % kv_num_heads:
+        raise KernelError(f"GroupQueryAttention node {info.name!r}: num_heads={num_heads} must "
+                          f"be a positive multiple of kv_num_heads={kv_num_heads}")
+    group = num_heads // kv_num_heads
+    scale_attr = float(info.attr("scale", 0.0))
+    softcap = float(info.attr("softcap", 0.0))
+    local_window = int(info.attr("local_window_size", -1))
+    do_rotary = int(info.attr("do_rotary", 0)) == 1
+    interleaved = int(info.attr("rotary_interleaved", 0)) == 1
+    smooth_softmax = int(info.attr("smooth_softmax", 0)) == 1
+    causal = int(info.attr("causal", 1)) == 1
+    qk_output = int(info.attr("qk_output", 0))
+    for name in ("k_quant_type", "v_quant_type"):
+        if attr_str(info, name, "NONE") != "NONE":
+            raise KernelError(f"GroupQueryAttention node {info.name!r}: {name}="
+                              f"{attr_str(info, name, 'NONE')} (quantized KV cache) is not supported")
+    if int(info.attr("kv_cache_bit_width", 0)) != 0:
+        raise KernelError(f"GroupQueryAttention node {info.name!r}: kv_cache_bit_width must be 0")
+    if int(info.attr("sliding_window_cache", 0)) != 0:
+        raise KernelError(f"GroupQueryAttention node {info.name!r}: sliding_window_cache=1 "
+                          "(windowed KV cache) is not supported")
+    if qk_output not in (0, 1, 2):
+        raise KernelError(f"GroupQueryAttention node {info.name!r}: qk_output={qk_output}, "
+                          "expected 0, 1 or 2")
+    if not causal and local_window >= 0:
+        raise KernelError(f"GroupQueryAttention node {info.name!r}: local_window_size must be -1 "
+                          "when causal=0")
+    dtype = out_dtype(info)
+    const_total = info.constant_inputs.get(_I_TOTAL)
+    const_total = None if const_total is None else int(np.asarray(const_total).reshape(-1)[0])
+
+    def total_length(total_tensor: Any) -> int:
+        return const_total if const_total is not None else _host_int(total_tensor)
+
+    def run(inputs: list, outs: list) -> list:
+        (query, key, value, past_key, past_value, seqlens_k, total_tensor, cos_cache, sin_cache,
+         position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm, k_norm,
+         query_seqlens) = pad_inputs(inputs, _GQA_INPUTS)[:_GQA_INPUTS]
+        if q_norm is not None or k_norm is not None:
+            raise KernelError(f"GroupQueryAttention node {info.name!r}: q_norm_weight/"
+                              "k_norm_weight inputs are not supported (onnxruntime's CPU kernel "
+                              "rejects them too)")
+        del k_scale, v_scale  # only read for a quantized cache, which the builder rejected
+        n_out = len(outs)
+        ct = compute_dtype(query.dtype)
+        batch, seq, _ = query.shape
+        packed = key is None
+        if packed:
+            head_size = query.shape[2] // (num_heads + 2 * kv_num_heads)
+            q_hidden, kv_hidden = num_heads * head_size, kv_num_heads * head_size
+            q_in = query[..., :q_hidden]
+            k_in = query[..., q_hidden:q_hidden + kv_hidden]
+            v_in = query[..., q_hidden + kv_hidden:q_hidden + 2 * kv_hidden]
+        else:
+            head_size = query.shape[2] // num_heads
+            q_in, k_in, v_in = query, key, value
+        kv_seq = k_in.shape[1]
+        cache_dtype = past_key.dtype if past_key is not None else dtype
+        past_len = past_key.shape[2] if past_key is not None else 0
+
+        # [B, N, S, H] / [B, KV, L, H] in the compute dtype
+        q = q_in.reshape(batch, seq, num_heads, head_size).transpose(0, 2, 1, 3).astype(ct)
+        k_new = k_in.reshape(batch, kv_seq, kv_num_heads, head_size).transpose(0, 2, 1, 3).astype(ct)
+        v_new = v_in.reshape(batch, kv_seq, kv_num_heads, head_size).transpose(0, 2, 1, 3).astype(ct)
+
+        # per-batch lengths, on the device
+        total_b = seqlens_k.reshape(batch).astype(np.int64) + 1  # T_b
+        rows = xp.arange(seq, dtype=np.int64)[None, :]  # [1, S]
+        if query_seqlens is not None:
+            valid_b = query_seqlens.reshape(batch).astype(np.int64)
+            start_b = total_b - valid_b  # P_b
+            first_prompt = None
+        else:
+            valid_b = None
+            start_b = xp.maximum(total_b - seq, 0)
+            # onnxruntime's "first prompt" (S == total_sequence_length) without its value:
+            # every entry fits in the chunk (total_sequence_length is the batch max of T_b)
+            first_prompt = xp.all(total_b <= seq)
+        qpos = start_b[:, None] + rows  # [B, S] absolute query positions
+
+        if do_rotary:
+            if cos_cache is None or sin_cache is None:
+                raise KernelError(f"GroupQueryAttention node {info.name!r}: do_rotary=1 needs "
+                                  "cos_cache and sin_cache")
+            rot_dim = cos_cache.shape[1] * 2
+            if position_ids is not None:
+                pid = position_ids.reshape(batch, -1)[:, :seq].astype(np.int64)
+                if first_prompt is not None:
+                    # onnxruntime uses only position_ids[0] (as an offset) for a first prompt
+                    pid = xp.where(first_prompt, pid.reshape(-1)[0] + rows, pid)
+                positions = pid
+            else:
+                positions = qpos
+            cos = _gather_rows(xp, cos_cache, positions, ct)[:, None]  # [B, 1, S, rot/2]
+            sin = _gather_rows(xp, sin_cache, positions, ct)[:, None]
+            q = rotate(xp, q, cos, sin, rot_dim, interleaved)
+            if kv_seq:
+                k_new = rotate(xp, k_new, cos[:, :, :kv_seq], sin[:, :, :kv_seq], rot_dim, interleaved)
+            if np.dtype(query.dtype) != ct:  # onnxruntime stores the rotated Q/K in T
+                q = q.astype(query.dtype).astype(ct)
+                k_new = k_new.astype(query.dtype).astype(ct)
+        if np.dtype(cache_dtype) != ct:
+            k_new = k_new.astype(cache_dtype).astype(ct)
+            v_new = v_new.astype(cache_dtype).astype(ct)
+
+        # present length
+        present_len = None
+        for index in (1, 2):
+            if index < n_out and outs[index] is not None:
+                present_len = outs[index].shape[2]
+        want_present = any(index < n_out and (outs[index] is not None or used(info, index))
+                           for index in (1, 2))
+        if present_len is None and want_present:
+            present_len = max(total_length(total_tensor), past_len)
+        work_len = max(past_len + kv_seq, present_len or 0, 1)
+
+        # the working KV cache: past rows [0, P_b), new rows at P_b + s, zeros elsewhere;
+        # one extra trailing row takes the writes of padded (not appended) rows
+        slots = xp.arange(work_len, dtype=np.int64)[None, :]  # [1, L]
+        keep_past = (slots[:, :past_len] < start_b[:, None])[:, None, :, None]
+        new_rows = xp.arange(kv_seq, dtype=np.int64)[None, :]
+        dest = start_b[:, None] + new_rows  # [B, S_kv]
+        if valid_b is not None:
+            dest = xp.where(new_rows < valid_b[:, None], dest, work_len)
+        dest = xp.clip(dest, 0, work_len)
+        batch_idx = xp.arange(batch, dtype=np.int64)[:, None]
+
+        def working_cache(past: Any, new: Any) -> Any:
+            cache = xp.zeros((batch, kv_num_heads, work_len + 1, head_size), dtype=ct)
+            if past is not None and past_len:
+                cache[:, :, :past_len] = xp.where(keep_past, past.astype(ct), ct.type(0.0))
+            if kv_seq:
+                cache[batch_idx, :, dest, :] = new.transpose(0, 2, 1, 3)
+            return cache[:, :, :work_len]
+
+        k_cache = working_cache(past_key, k_new)
+        v_cache = working_cache(past_value, v_new)
+
+        # scores [B, KV, G, S, L]
+        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+        qg = q.reshape(batch, kv_num_heads, group, seq, head_size)
+        scores = xp.matmul(qg, k_cache[:, :, None].swapaxes(-1, -2)) * ct.type(alpha)
+        scores = _softcap(xp, scores, softcap)
+        if attention_bias is not None:
+            bias_len = attention_bias.shape[-1]
+            span = min(bias_len, work_len)
+            bias = attention_bias.astype(ct, copy=False)
+            bias = bias.reshape(bias.shape[0], bias.shape[1], 1, seq, bias_len)[..., :span]
+            if bias.shape[1] != 1:
+                bias = bias.reshape(bias.shape[0], kv_num_heads, group, seq, span)
+            if span < work_len:
+                pad = xp.zeros(bias.shape[:-1] + (work_len - span,), dtype=ct)
+                bias = xp.concatenate([bias, pad], axis=-1)
+            scores = scores + bias
+
+        key_pos = slots[:, None, :]  # [1, 1, L]
+        allowed = key_pos < total_b[:, None, None]  # [B, 1, L]
+        if causal:
+            allowed = allowed & (key_pos <= qpos[:, :, None])
+        if local_window > 0:
+            allowed = allowed & (key_pos > qpos[:, :, None] - local_window)
+        allowed = allowed[:, None, None]  # [B, 1, 1, S|1, L]
+
+        sink = None
+        if head_sink is not None:
+            sink = head_sink.astype(ct).reshape(1, kv_num_heads, group, 1, 1)
+        elif smooth_softmax:
+            sink = xp.zeros((1, 1, 1, 1, 1), dtype=ct)
+        probs = _masked_softmax(xp, scores, allowed, sink)
+
+        attn = xp.matmul(probs, v_cache[:, :, None])  # [B, KV, G, S, H]
+        attn = attn.reshape(batch, num_heads, seq, head_size).transpose(0, 2, 1, 3)
+        results: list = [emit(outs[0], attn.reshape(batch, seq, num_heads * head_size), dtype)]
+
+        if want_present:
+            written = slots < start_b[:, None]
+            if kv_seq:
+                written = written | ((slots >= start_b[:, None])
+                                     & (slots < start_b[:, None] + (kv_seq if valid_b is None
+                                                                    else valid_b[:, None])))
+            written = written[:, None, :present_len, None]
+            for index, past, cache in ((1, past_key, k_cache), (2, past_value, v_cache)):
+                if index >= n_out:
+                    continue
+                out = outs[index]
+                if out is None and not used(info, index):
+                    results.append(None)
+                    continue
+                value = cache[:, :, :present_len]
+                if out is not None and _same_buffer(out, past):
+                    value = xp.where(written, value, out.astype(ct))
+                results.append(emit(out, value, cache_dtype))
+        results += [None] * (n_out - len(results))
+
+        if n_out > 3 and (outs[3] is not None or (used(info, 3) and qk_output)):
+            qk_len = outs[3].shape[3] if outs[3] is not None else total_length(total_tensor)
+            qk = probs if qk_output == 2 else xp.where(allowed, scores, ct.type(0.0))
+            qk = qk.reshape(batch, num_heads, seq, work_len)
+            if qk_len <= work_len:
+                qk = qk[..., :qk_len]
+            else:
+                pad = xp.zeros(qk.shape[:-1] + (qk_len - work_len,), dtype=ct)
+                qk = xp.concatenate([qk, pad], axis=-1)
+            results[3] = emit(outs[3], qk, dtype)
+        return results
+
+    return run
+
+
+# --- Attention (opset 23+) --------------------------------------------------------------
+
+
+@register("Attention", domain="", since=23, dtypes=frozenset({F16, F32, F64}))
+def build_attention(info: NodeInfo) -> KernelFn:
+    """ONNX Attention (23, 24's nonpad_kv_seqlen, 25's left/right_window_size).
+
+    qk_matmul_output: mode 0 is the scaled Q K^T (before softcap), 1 after softcap, 2 after
+    softcap plus the mask, 3 the softmax (onnxruntime's CPU kernel and onnx.reference agree
+    on these, except that in mode 2 onnxruntime writes float32's lowest value where a bool
+    mask / causality masks, and onnx.reference and the ONNX conformance cases -inf: we
+    write -inf). Fully masked rows produce zeros. Causal masking is aligned bottom-right
+    behind the past (j <= i + past_len; with nonpad_kv_seqlen j <= i + nonpad[b] - S).
+    An attn_mask shorter than the total sequence is padded with masked columns (as
+    onnx.reference does; onnxruntime rejects it). bfloat16 is left to the onnx.reference
+    fallback, whose bfloat16 intermediate rounding the conformance cases pin down.
+    """
+    xp = info.xp
+    is_causal = int(info.attr("is_causal", 0)) == 1
+    q_num_heads = int(info.attr("q_num_heads", 0))
+    kv_num_heads = int(info.attr("kv_num_heads", 0))
+    scale_attr = info.attr("scale", None)
+    softcap = float(info.attr("softcap", 0.0))
+    mode = int(info.attr("qk_matmul_output_mode", 0))
+    left_window = int(info.attr("left_window_size", -1))
+    right_window = int(info.attr("right_window_size", -1))
+    if mode not in (0, 1, 2, 3):
+        raise KernelError(f"Attention node {info.name!r}: qk_matmul_output_mode={mode}, "
+                          "expected 0..3")
+    dtype = out_dtype(info)
+
+    def run(inputs: list, outs: list) -> list:
+        q_in, k_in, v_in, mask, past_key, past_value, nonpad = pad_inputs(inputs, 7)[:7]
+        n_out = len(outs)
+        ct = compute_dtype(q_in.dtype)
+        three_d = q_in.ndim == 3
+        batch = q_in.shape[0]
+        if three_d:
+            if q_num_heads <= 0 or kv_num_heads <= 0:
+                raise KernelError(f"Attention node {info.name!r}: q_num_heads and kv_num_heads "
+                                  "are required for 3D inputs")
+            head_size = q_in.shape[2] // q_num_heads
+            v_head = v_in.shape[2] // kv_num_heads
+            q = q_in.reshape(batch, q_in.shape[1], q_num_heads, head_size).transpose(0, 2, 1, 3)
+            k = k_in.reshape(batch, k_in.shape[1], kv_num_heads, head_size).transpose(0, 2, 1, 3)
+            v = v_in.reshape(batch, v_in.shape[1], kv_num_heads, v_head).transpose(0, 2, 1, 3)
+        else:
+            q, k, v = q_in, k_in, v_in
+        n_q, seq, head_size = q.shape[1], q.shape[2], q.shape[3]
+        n_kv = k.shape[1]
+        if n_q % n_kv:
+            raise KernelError(f"Attention node {info.name!r}: {n_q} query heads are not a "
+                              f"multiple of {n_kv} key/value heads")
+        group = n_q // n_kv
+        past_len = past_key.shape[2] if past_key is not None else 0
+        if past_key is not None:
+            present_k = xp.concatenate([past_key, k.astype(past_key.dtype, copy=False)], axis=2)
+            present_v = xp.concatenate([past_value, v.astype(past_value.dtype, copy=False)], axis=2)
+        else:  # present is a copy of K/V (never the caller's input array itself)
+            present_k, present_v = k.copy(), v.copy()
+        total = present_k.shape[2]
+        scale = (1.0 / float(np.sqrt(head_size))) if scale_attr is None else float(scale_attr)
+
+        qg = q.astype(ct, copy=False).reshape(batch, n_kv, group, seq, head_size)
+        kc = present_k.astype(ct, copy=False)[:, :, None]
+        vc = present_v.astype(ct, copy=False)[:, :, None]
+        raw = xp.matmul(qg, kc.swapaxes(-1, -2)) * ct.type(scale)  # [B, KV, G, S, T]
+        capped = _softcap(xp, raw, softcap)
+
+        # allowed positions and the additive float mask, broadcast to [B, KV, G, S, T]
+        rows = xp.arange(seq, dtype=np.int64)[:, None]
+        cols = xp.arange(total, dtype=np.int64)[None, :]
+        allowed = xp.ones((1, 1, 1, 1, 1), dtype=bool)
+        additive = None
+        if mask is not None:
+            m = _mask_to_5d(xp, mask, n_kv, group, total, info)
+            if m.dtype == np.bool_:
+                allowed = allowed & m
+            else:
+                additive = m.astype(ct, copy=False)
+        if nonpad is not None:
+            offset = nonpad.reshape(batch, 1, 1).astype(np.int64) - seq  # [B, 1, 1]
+            valid_cols = cols[None] < nonpad.reshape(batch, 1, 1).astype(np.int64)
+            allowed = allowed & valid_cols[:, None, None]
+        else:
+            offset = past_len
+        if is_causal:
+            causal = cols <= rows + offset  # [S, T] or [B, S, T]
+            allowed = allowed & (causal[:, None, None] if causal.ndim == 3 else causal)
+        if left_window >= 0 or right_window >= 0:
+            diff = rows + offset - cols
+            win = xp.ones(diff.shape, dtype=bool)
+            if left_window >= 0:
+                win = win & (diff <= left_window)
+            if right_window >= 0:
+                win = win & (-diff <= right_window)
+            allowed = allowed & (win[:, None, None] if win.ndim == 3 else win)
+
+        biased = capped if additive is None else capped + additive
+        structural = allowed  # bool mask, causal, windows, padding (not the float mask)
+        allowed = allowed & ~xp.isneginf(biased)
+        probs = _masked_softmax(xp, biased, allowed)
+        y = xp.matmul(probs, vc)  # [B, KV, G, S, Hv]
+        y = y.reshape(batch, n_q, seq, y.shape[-1])
+        if three_d:
+            y = y.transpose(0, 2, 1, 3).reshape(batch, seq, -1)
+        results: list = [emit(outs[0], y, dtype)]
+        if n_out > 1:
+            results.append(emit(outs[1], present_k, out_dtype(info, 1)) if _want(info, outs, 1)
+                           else None)
+        if n_out > 2:
+            results.append(emit(outs[2], present_v, out_dtype(info, 2)) if _want(info, outs, 2)
+                           else None)
+        if n_out > 3:
+            if _want(info, outs, 3):
+                if mode == 0:
+                    qk = raw
+                elif mode == 1:
+                    qk = capped
+                elif mode == 2:
+                    qk = xp.where(structural, biased, ct.type(-np.inf))
+                else:
+                    qk = probs
+                results.append(emit(outs[3], qk.reshape(batch, n_q, seq, total),
+                                    out_dtype(info, 3)))
+            else:
+                results.append(None)
+        return results
+
+    return run
+
+
+def _want(info: NodeInfo, outs: list, index: int) -> bool:
+    return outs[index] is not None or used(info, index)
+
+
+def _mask_to_5d(xp: Any, mask: Any, n_kv: int, group: int, total: int, info: NodeInfo) -> Any:
+    """attn_mask broadcast right-aligned to [B|1, N|1, S|1, T] and split N into (KV, G)."""
+    if mask.shape[-1] > total:
+        raise KernelError(f"Attention node {info.name!r}: attn_mask has last dimension "
+                          f"{mask.shape[-1]}, more than the total sequence length {total}")
+    if mask.shape[-1] < total:  # the missing key columns are masked
+        fill = False if mask.dtype == np.bool_ else -np.inf
+        pad = xp.full(mask.shape[:-1] + (total - mask.shape[-1],), fill, dtype=mask.dtype)
+        mask = xp.concatenate([mask, pad], axis=-1)
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    b, n = m.shape[0], m.shape[1]
+    if n == 1:
+        return m.reshape(b, 1, 1, m.shape[2], total)
+    return m.reshape(b, n_kv, group, m.shape[2], total)
