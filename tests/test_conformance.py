@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conformance import node_cases, run_case
 
 import workbench
-from conformance import node_cases, run_case
 
 # Standard ops that decoder-LLM exporters emit; each has a native numpy kernel.
 NATIVE_OPS = frozenset("""

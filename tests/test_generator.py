@@ -24,7 +24,7 @@ SHORT_PROMPT = list(range(3, 11))  # 8 tokens
 LONG_PROMPT = [(7 * i + 5) % 200 + 3 for i in range(20)]  # past phi3 tiny's LongRoPE threshold (16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_bytes(name: str) -> bytes:
     return MODELS[name]().SerializeToString()
 

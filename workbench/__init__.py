@@ -5,6 +5,7 @@ belong to `workbench.widgets` and the reports.
 """
 
 from . import ops as _ops  # noqa: F401 - registers the kernels
+from .decode import DecodeInterfaceError, GenerationResult, Generator
 from .errors import (
     BackendUnavailableError,
     InputError,
@@ -13,7 +14,6 @@ from .errors import (
     UnsupportedOperatorError,
     WorkbenchError,
 )
-from .decode import DecodeInterfaceError, GenerationResult, Generator
 from .session import InferenceSession, IOBinding, NodeArg, SessionOptions
 
 __version__ = "0.1.0"

@@ -13,8 +13,9 @@ from . import demo
 
 
 def _random_input(arg, dims: dict[str, int], rng: np.random.Generator) -> np.ndarray:
-    from ..dtypes import numpy_dtype  # noqa: PLC0415
     from onnx import helper  # noqa: PLC0415
+
+    from ..dtypes import numpy_dtype  # noqa: PLC0415
 
     shape = [d if isinstance(d, int) else dims.get(d, 1) for d in (arg.shape or [])]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(_dtype_of(arg.type)))

@@ -115,7 +115,7 @@ class Generator:
             return "fixed" if self.interface.kv and self.supports_shared_buffer else "growing"
         return kv
 
-    def _step(self, tokens: list[int], cache: "_KvCache") -> np.ndarray:
+    def _step(self, tokens: list[int], cache: _KvCache) -> np.ndarray:
         io = self.interface
         n, past_len = len(tokens), cache.length
         feeds: dict[str, np.ndarray] = {io.input_ids: np.asarray([tokens], dtype=np.int64)}

@@ -175,6 +175,8 @@ class Executor:
     def _adopt(self, p: Any, vid: int, r: Any, bindings: dict[str, int]) -> Any:
         """Take a just-in-time result: fix its dtype and bind the symbols its shape reveals."""
         value = self.graph.values[vid]
+        if r is None and value.kind in ("optional", "unknown"):
+            return r  # an empty optional
         if r is None:
             raise KernelError(f"{p.node.label} produced no value for output {value.name!r}")
         if value.kind != "tensor" or isinstance(r, (list, dict)):

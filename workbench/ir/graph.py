@@ -37,7 +37,7 @@ class Node:
     inputs: tuple[ValueId, ...]  # -1 for an omitted optional input
     outputs: tuple[ValueId, ...]  # -1 for an omitted optional output
     attrs: dict[str, Any]
-    subgraphs: dict[str, "Graph"] = field(default_factory=dict)
+    subgraphs: dict[str, Graph] = field(default_factory=dict)
     #: outer-scope values read by the subgraphs (ids in *this* graph), in a fixed order
     captures: tuple[ValueId, ...] = ()
     proto: Any = None  # the onnx.NodeProto, for the host fallback

@@ -7,11 +7,8 @@ numpy's shortest round-trip text, string -> number parses each element, both as
 onnx.reference does; those nodes decline device-graph capture.
 
 Targets numpy has no arithmetic for (bfloat16, float8*, float4, int4/uint4,
-int2/uint2) need saturation and rounding modes defined by the spec: such a Cast
-runs a one-node onnx.reference model on the host and declines capture. The
-registry selects a kernel by *input* dtypes only, so a Cast from float to float8
-still lands here; CastLike checks its target input (position 1) and so falls
-back by itself.
+int2/uint2) need saturation and rounding modes defined by the spec: the kernels
+do not accept them, so such nodes run on the onnx.reference host fallback.
 """
 
 from __future__ import annotations
@@ -20,9 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from ..dtypes import ALL_PLAIN
 from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
@@ -52,9 +47,6 @@ def _castlike_target(info: NodeInfo) -> np.dtype | None:
 
 
 def _verdict(source: np.dtype | None, target: np.dtype | None) -> CaptureVerdict:
-    if target is not None and target not in NATIVE:
-        return declined("host_fallback_kernel",
-                        f"casts to {target} through onnx.reference on the host")
     if STRING in (source, target):
         return declined("host_only_dtype", "string tensors live on the host")
     return CAPTURE_SUPPORTED
@@ -92,34 +84,9 @@ def _from_string(target: np.dtype) -> CastFn:
     return cast
 
 
-def _reference_cast(info: NodeInfo, source: np.dtype, target: np.dtype) -> CastFn:
-    """A host cast through a one-node onnx.reference model (exotic targets)."""
-    attrs = {k: info.attrs[k] for k in ("saturate", "round_mode") if k in info.attrs}
-    node = helper.make_node("Cast", ["x"], ["y"], to=helper.np_dtype_to_tensor_dtype(target),
-                            **attrs)
-    graph = helper.make_graph(
-        [node], "cast",
-        [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(source), None)],
-        [helper.make_tensor_value_info("y", 0, None)])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
-    evaluator = ReferenceEvaluator(model)
-
-    def cast(x: Any, out: Any) -> Any:
-        host = x.get() if hasattr(x, "get") else x  # a CuPy array comes to the host
-        (value,) = evaluator.run(None, {"x": np.asarray(host)})
-        value = np.asarray(value)
-        if out is None:
-            return value
-        out[...] = value
-        return out
-
-    return cast
-
-
 def _cast_fn(info: NodeInfo, source: np.dtype, target: np.dtype) -> CastFn:
     if target not in NATIVE or source not in NATIVE:
-        return _reference_cast(info, source, target)
+        raise TypeError(f"Cast from {source} to {target} has no native kernel")
     if target == STRING:
         return _to_string
     if source == STRING:
@@ -161,12 +128,17 @@ def _castlike_verdict(info: NodeInfo) -> CaptureVerdict:
     return _verdict(info.input_dtypes[0], _castlike_target(info))
 
 
-@register("Cast", since=6, dtypes=NATIVE, may_run_in_place=True, capture=_cast_verdict)
+def _native_target(target_of: Callable[[NodeInfo], np.dtype | None]) -> Callable[[NodeInfo], bool]:
+    return lambda info: (target := target_of(info)) is None or target in NATIVE
+
+
+@register("Cast", since=6, dtypes=NATIVE, may_run_in_place=True, capture=_cast_verdict,
+          accept=_native_target(_cast_target))
 def cast(info: NodeInfo) -> KernelFn:
     return _kernel(info, info.input_dtypes[0], _cast_target(info))
 
 
 @register("CastLike", since=15, dtypes=NATIVE, dtype_inputs=(0, 1), may_run_in_place=True,
-          capture=_castlike_verdict)
+          capture=_castlike_verdict, accept=_native_target(_castlike_target))
 def cast_like(info: NodeInfo) -> KernelFn:
     return _kernel(info, info.input_dtypes[0], _castlike_target(info))

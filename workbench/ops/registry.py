@@ -24,8 +24,9 @@ Kernels never know about capture or memoisation: they only *declare* properties
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -100,9 +101,13 @@ class KernelSpec:
     data_dependent_shape: bool = False
     #: "native" or "host_fallback"
     kind: str = "native"
+    #: extra admission test beyond opset and input dtypes (e.g. Cast's target dtype)
+    accept: Callable[[NodeInfo], bool] | None = None
 
     def accepts(self, info: NodeInfo) -> bool:
         if not (self.since <= info.opset and (self.until is None or info.opset <= self.until)):
+            return False
+        if self.accept is not None and not self.accept(info):
             return False
         if self.dtypes is None:
             return True
@@ -132,6 +137,7 @@ def register(
     may_run_in_place: bool = False,
     capture: CaptureVerdict | Callable[[NodeInfo], CaptureVerdict] = CAPTURE_SUPPORTED,
     data_dependent_shape: bool = False,
+    accept: Callable[[NodeInfo], bool] | None = None,
 ) -> Callable[[Callable[[NodeInfo], KernelFn]], Callable[[NodeInfo], KernelFn]]:
     """Decorator registering a kernel builder for `domain::op_type`, opsets since..until."""
 
@@ -140,7 +146,7 @@ def register(
             domain=_canonical_domain(domain), op_type=op_type, since=since, until=until,
             build=build, dtypes=dtypes, dtype_inputs=dtype_inputs,
             produces_view=produces_view, may_run_in_place=may_run_in_place,
-            capture=capture, data_dependent_shape=data_dependent_shape,
+            capture=capture, data_dependent_shape=data_dependent_shape, accept=accept,
         )
         _REGISTRY.setdefault((spec.domain, op_type), []).append(spec)
         return build
