@@ -1,0 +1,95 @@
+"""Matrix products: MatMul and Gemm.
+
+MatMul follows numpy's `matmul` (1-D operands are promoted and the added dimension
+removed; batch dimensions broadcast), which is exactly ONNX's definition.
+
+numpy has no BLAS path for float16 (its matmul loop is scalar), so on the CPU a
+float16 product is computed in float32 and rounded once; this matches
+onnx.reference, whose float16 loop accumulates in float32 as well. CuPy multiplies
+float16 natively through cuBLAS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import NUMERIC
+from .registry import KernelFn, NodeInfo, register
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+def _emit(out: Any, value: Any, dtype: np.dtype) -> Any:
+    """Place `value` into the preallocated `out`, or return it as a `dtype` array."""
+    if out is None:
+        return value.astype(dtype, copy=False)
+    out[...] = value
+    return out
+
+
+def _half_needs_upcast(info: NodeInfo) -> bool:
+    return info.input_dtypes[0] == F16 and info.xp is np
+
+
+@register("MatMul", since=1, dtypes=NUMERIC)
+def build_matmul(info: NodeInfo) -> KernelFn:
+    xp = info.xp
+    if _half_needs_upcast(info):
+        def run_half(inputs: list, outs: list) -> tuple:
+            product = xp.matmul(inputs[0].astype(F32), inputs[1].astype(F32))
+            return (_emit(outs[0], product, F16),)
+        return run_half
+
+    def run(inputs: list, outs: list) -> tuple:
+        return (xp.matmul(inputs[0], inputs[1], out=outs[0]),)
+    return run
+
+
+def _gemm_compute_dtype(info: NodeInfo, alpha: float, beta: float) -> np.dtype | None:
+    """The dtype to compute in when it is not the operands' own (None: theirs)."""
+    dtype = info.input_dtypes[0]
+    if _half_needs_upcast(info):
+        return F32
+    if dtype is not None and dtype.kind in "iu" and (alpha != 1.0 or beta != 1.0):
+        # float alpha/beta scale integer products: onnx.reference computes in float64
+        return F64
+    return None
+
+
+@register("Gemm", since=1, dtypes=NUMERIC)
+def build_gemm(info: NodeInfo) -> KernelFn:
+    """Y = alpha * A' @ B' + beta * C, with C broadcast to Y (unidirectionally)."""
+    xp = info.xp
+    alpha = float(info.attr("alpha", 1.0))
+    beta = float(info.attr("beta", 1.0))
+    trans_a = bool(info.attr("transA", 0))
+    trans_b = bool(info.attr("transB", 0))
+    uses_c = len(info.input_dtypes) > 2 and info.input_dtypes[2] is not None and beta != 0.0
+    compute_dtype = _gemm_compute_dtype(info, alpha, beta)
+
+    def product(inputs: list, out: Any) -> Any:
+        a = inputs[0].T if trans_a else inputs[0]
+        b = inputs[1].T if trans_b else inputs[1]
+        if compute_dtype is not None:
+            a, b, out = a.astype(compute_dtype), b.astype(compute_dtype), None
+        y = xp.matmul(a, b, out=out)
+        if alpha != 1.0:
+            y *= alpha
+        if uses_c:
+            y += inputs[2] if beta == 1.0 else beta * inputs[2]
+        return y
+
+    if compute_dtype is None:
+        def run(inputs: list, outs: list) -> tuple:
+            return (product(inputs, outs[0]),)
+        return run
+
+    out_dtype = info.input_dtypes[0]
+
+    def run_converted(inputs: list, outs: list) -> tuple:
+        return (_emit(outs[0], product(inputs, None), out_dtype),)
+    return run_converted

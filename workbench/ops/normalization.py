@@ -1,0 +1,158 @@
+"""LayerNormalization (opset 17), RMSNormalization (opset 23) and onnxruntime's
+SimplifiedLayerNormalization (registered by onnxruntime in the default domain).
+
+All three normalise over the trailing dimensions from `axis` to the end:
+
+    LayerNormalization            y = (x - mean) * inv_std * scale (+ bias)
+    RMSNormalization              y = x * inv_rms * scale
+    SimplifiedLayerNormalization  y = x * inv_rms * scale
+
+with inv_std = 1 / sqrt(var + epsilon) and inv_rms = 1 / sqrt(mean(x^2) + epsilon).
+`stash_type` (default 1, float32) is the precision of the statistics: float16 inputs
+are normalised in float32 and rounded once at the end; float64 inputs keep float64
+(as onnx.reference and onnxruntime do). The optional statistics outputs
+(LayerNormalization's Mean and InvStdDev, SimplifiedLayerNormalization's
+inv_std_var) have the stash dtype and shape x.shape[:axis] + (1,) * (rank - axis).
+SimplifiedLayerNormalization's Y has the dtype of `scale` (onnxruntime's type V).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from ..dtypes import FLOATS
+from .registry import KernelFn, NodeInfo, register
+
+F32 = np.dtype(np.float32)
+
+
+def _emit(out: Any, value: Any, dtype: np.dtype) -> Any:
+    """Place `value` into the preallocated `out`, or return it as a `dtype` array."""
+    if value is out:
+        return out
+    if out is None:
+        return value.astype(dtype, copy=False)
+    out[...] = value
+    return out
+
+
+def _stash_dtype(info: NodeInfo) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(int(info.attr("stash_type", 1))))
+
+
+def _compute_dtype(x_dtype: np.dtype | None, stash: np.dtype) -> np.dtype:
+    """At least the stash precision, never less than the input's."""
+    return stash if x_dtype is None else np.promote_types(x_dtype, stash)
+
+
+def _trailing_axes(info: NodeInfo) -> Callable[[int], tuple]:
+    """`axes_for(ndim)`: the normalised axes (axis..end); constant when the rank is known."""
+    axis = int(info.attr("axis", -1))
+
+    def axes_for(ndim: int) -> tuple:
+        return tuple(range(axis % ndim if ndim else 0, ndim))
+
+    shape = info.input_shapes[0] if info.input_shapes else None
+    if shape is not None:
+        known = axes_for(len(shape))
+        return lambda _ndim: known
+    return axes_for
+
+
+def _wanted(info: NodeInfo, index: int) -> bool:
+    """Whether optional output `index` exists and somebody asked for it."""
+    used = info.output_used
+    return index < len(used) and bool(used[index])
+
+
+def _work_buffer(out: Any, dtype: np.dtype) -> Any:
+    """Compute straight into Y's buffer when it has the compute dtype."""
+    return out if out is not None and out.dtype == dtype else None
+
+
+def _mean(x: Any, axes: tuple, dtype: np.dtype) -> Any:
+    """The mean over `axes` with keepdims, accumulated in `dtype`. (x.sum, not
+    xp.mean: numpy's mean is a Python function that costs more than a row's sum.)"""
+    total = x.sum(axis=axes, keepdims=True, dtype=dtype)
+    total /= x.size // total.size if total.size else 1
+    return total
+
+
+def _inverse_rms(xp: Any, x: Any, axes: tuple, epsilon: Any, dtype: np.dtype) -> Any:
+    """1 / sqrt(mean(x^2) + epsilon), reduced with keepdims, squared in `dtype`
+    (a float16 square overflows from |x| > 256)."""
+    mean_square = _mean(xp.square(x, dtype=dtype), axes, dtype)
+    return xp.reciprocal(xp.sqrt(mean_square + epsilon))
+
+
+# --- LayerNormalization -------------------------------------------------------------
+
+
+@register("LayerNormalization", since=17, dtypes=FLOATS)
+def build_layer_norm(info: NodeInfo) -> KernelFn:
+    xp = info.xp
+    stash = _stash_dtype(info)
+    compute = _compute_dtype(info.input_dtypes[0], stash)
+    epsilon = compute.type(info.attr("epsilon", 1e-5))
+    axes_for = _trailing_axes(info)
+    has_bias = len(info.input_dtypes) > 2 and info.input_dtypes[2] is not None
+    want_mean, want_inv_std = _wanted(info, 1), _wanted(info, 2)
+    mean_dtype = info.output_dtypes[1] if want_mean and info.output_dtypes[1] else stash
+    inv_dtype = info.output_dtypes[2] if want_inv_std and info.output_dtypes[2] else stash
+
+    def run(inputs: list, outs: list) -> list:
+        x, scale = inputs[0], inputs[1]
+        axes = axes_for(x.ndim)
+        mean = _mean(x, axes, compute)
+        y = xp.subtract(x, mean, out=_work_buffer(outs[0], compute))  # mean promotes x
+        inv_std = _inverse_rms(xp, y, axes, epsilon, compute)
+        y *= inv_std
+        y *= scale
+        if has_bias:
+            y += inputs[2]
+        results = [_emit(outs[0], y, x.dtype)]
+        if len(outs) > 1:
+            results.append(_emit(outs[1], mean, mean_dtype) if want_mean else None)
+        if len(outs) > 2:
+            results.append(_emit(outs[2], inv_std, inv_dtype) if want_inv_std else None)
+        return results
+    return run
+
+
+# --- RMSNormalization and SimplifiedLayerNormalization ------------------------------
+
+
+def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) -> KernelFn:
+    """Shared by both RMS norms; `y_dtype_of(x, scale)` names Y's dtype."""
+    xp = info.xp
+    stash = _stash_dtype(info)
+    compute = _compute_dtype(info.input_dtypes[0], stash)
+    epsilon = compute.type(info.attr("epsilon", 1e-5))
+    axes_for = _trailing_axes(info)
+    want_inv = _wanted(info, 1)
+    inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
+
+    def run(inputs: list, outs: list) -> list:
+        x, scale = inputs[0], inputs[1]
+        inv_rms = _inverse_rms(xp, x, axes_for(x.ndim), epsilon, compute)
+        y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
+        y *= scale
+        results = [_emit(outs[0], y, y_dtype_of(x, scale))]
+        if len(outs) > 1:
+            results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
+        return results
+    return run
+
+
+@register("RMSNormalization", since=23, dtypes=FLOATS)
+def build_rms_norm(info: NodeInfo) -> KernelFn:
+    return _build_rms_norm(info, lambda x, _scale: x.dtype)
+
+
+@register("SimplifiedLayerNormalization", domain="", since=1, dtypes=FLOATS)
+def build_simplified_layer_norm(info: NodeInfo) -> KernelFn:
+    return _build_rms_norm(info, lambda _x, scale: scale.dtype)
