@@ -1,17 +1,26 @@
-"""Runs a Plan: binds symbols, resolves shapes, preallocates outputs, dispatches kernels."""
+"""Runs a Plan: binds symbols, resolves shapes, lays out storage, dispatches kernels.
+
+Per binding signature (symbol values + caller-bound output buffers) the executor
+prepares once: resolved shapes, a `StoragePlan` (owners, views, in-place aliases,
+release points) and each node's preallocated output slots. Steps that repeat the
+signature skip straight to dispatch.
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import KernelError, WorkbenchError
 from ..ir.graph import Graph
-from .plan import KernelCache, Plan, build_plan
+from ..session.options import SessionOptions
+from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shapes import bind_symbols, input_symbols, resolve
-
-_NO_OUTS: list = []
+from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
+from .views import geometry, is_view_of
 
 
 def _bound_signature(bound: dict[int, Any]) -> tuple:
@@ -23,6 +32,19 @@ def _bound_signature(bound: dict[int, Any]) -> tuple:
     )
 
 
+@dataclass
+class _Dispatch:
+    """What one plan node needs at run time, prepared per binding signature."""
+
+    p: PlanNode
+    outs: list  # preallocated output arrays (None: resolved just in time)
+    lazy: tuple  # (slot, buffer owner, shape, dtype) fetched each run (release mode)
+    dynamic: tuple  # (slot, value id) resolved from just-in-time symbols
+    view: bool  # may return a zero-copy view of input 0
+    release: tuple  # owner ids whose storage dies after this node
+    contiguous: tuple  # input positions the kernel needs C-contiguous
+
+
 class Executor:
     """Executes one graph. Owner buffers persist across runs while their shape holds.
 
@@ -30,10 +52,11 @@ class Executor:
     fresh arrays, so a Loop can keep every iteration's outputs.
     """
 
-    def __init__(self, graph: Graph, backend: Any, *, cache: KernelCache | None = None,
-                 jit_only: bool = False):
+    def __init__(self, graph: Graph, backend: Any, *, options: SessionOptions | None = None,
+                 cache: KernelCache | None = None, jit_only: bool = False):
         self.graph = graph
         self.backend = backend
+        self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
         self.plan: Plan = build_plan(graph, backend.xp, self.cache, self._subgraph_runner)
@@ -42,51 +65,98 @@ class Executor:
             self._env[vid] = backend.from_host(arr)
         self._input_symbols = input_symbols(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
-        self._buffers: dict[int, Any] = {}  # value id -> owner buffer, reused while shape holds
-        self._bound_key: Any = object()
-        self._outs: list[list] = []  # per plan node: preallocated output slots
-        self._dynamic: list[tuple] = []  # per plan node: slots resolved at dispatch time
+        self._buffers: dict[int, Any] = {}  # owner value id -> buffer, reused while shape holds
+        self._resident = 0  # bytes held in self._buffers
+        self._peak = 0
+        self._signature: Any = object()
+        self._dispatch: list[_Dispatch] = []
+        self.storage: StoragePlan | None = None
         #: plan indices whose preallocated outputs had to be dropped (shape inference disagreed)
         self.jit_forced: set[int] = set()
         self.last_bindings: dict[str, int] = {}
+        #: a workbench.trace Recording to emit into, or None (tracing off)
+        self.recording: Any = None
+        self._owners: dict[int, int] = {}
 
-    # -- shapes and buffers ---------------------------------------------------------
+    # -- buffers --------------------------------------------------------------------
 
-    def _buffer(self, vid: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    def _buffer(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, plan_index: int = -1) -> Any:
         buf = self._buffers.get(vid)
-        if buf is None or buf.shape != shape or buf.dtype != dtype:
-            buf = self._buffers[vid] = self.backend.allocate(shape, dtype)
+        if buf is not None and buf.shape == shape and buf.dtype == dtype:
+            if self.recording is not None:
+                self.recording.buffer("reuse", vid, buf.nbytes, plan_index)
+            return buf
+        if buf is not None:
+            self._resident -= buf.nbytes
+        buf = self._buffers[vid] = self.backend.allocate(shape, dtype)
+        self._resident += buf.nbytes
+        self._peak = max(self._peak, self._resident)
+        if self.recording is not None:
+            self.recording.buffer("alloc", vid, buf.nbytes, plan_index)
         return buf
 
-    def _prepare_outputs(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        """Preallocate every output whose shape the bindings resolve; bound outputs are the caller's."""
+    def _release(self, owner: int, plan_index: int, env: list, released: dict[int, int]) -> None:
+        buf = self._buffers.pop(owner, None)
+        if buf is not None:
+            self._resident -= buf.nbytes
+            if self.recording is not None:
+                self.recording.buffer("release", owner, buf.nbytes, plan_index)
+        for vid in self.storage.sharers(owner):
+            env[vid] = None
+        released[owner] = plan_index
+
+    # -- preparing a binding signature ------------------------------------------------
+
+    def _prepare(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
+        """Resolve shapes, lay out storage and preallocate outputs for this signature."""
         values = self.graph.values
-        self._outs, self._dynamic = [], []
+        opts = self.options
+        shapes: dict[int, tuple | None] = {}
+        for v in values:
+            if v.dtype is not None and not self.jit_only:
+                shapes[v.id] = resolve(v.shape, bindings)
+        for vid, arr in bound.items():
+            shapes[vid] = tuple(arr.shape)
+        release = opts.release_dead_values and not self.jit_only
+        self.storage = sp = plan_storage(
+            self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.jit_only,
+            release=release, shapes=shapes, protected=set(self.graph.outputs) | set(bound),
+        )
+        self._dispatch = []
         for p in self.plan.nodes:
             outs: list = []
-            dynamic = []
+            lazy, dynamic = [], []
+            view = opts.views and p.spec.produces_view
             for j, vid in enumerate(p.outputs):
-                v = values[vid] if vid >= 0 else None
+                outs.append(None)
+                if vid < 0:
+                    continue
                 if vid in bound:
-                    outs.append(bound[vid])
+                    outs[j] = bound[vid]
                     continue
-                if (v is None or v.dtype is None or v.shape is None or self.jit_only
+                v = values[vid]
+                if (self.jit_only or v.dtype is None or v.shape is None or view
                         or p.spec.kind == "host_fallback" or p.index in self.jit_forced):
-                    outs.append(None)
                     continue
-                shape = resolve(v.shape, bindings)
-                if shape is not None:
-                    outs.append(self._buffer(vid, shape, v.dtype))
-                else:
-                    outs.append(None)
+                shape = shapes.get(vid)
+                owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
+                if shape is None:
                     if not any(isinstance(d, str) and d in self._untrusted for d in v.shape):
                         dynamic.append((j, vid))
-            self._outs.append(outs)
-            self._dynamic.append(tuple(dynamic))
+                elif release:
+                    lazy.append((j, owner, shape, v.dtype))
+                else:
+                    outs[j] = self._buffer(owner, shape, v.dtype, p.index)
+            self._dispatch.append(_Dispatch(
+                p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
+                release=tuple(sp.release_after.get(p.index, ())),
+                contiguous=p.spec.contiguous_inputs,
+            ))
 
     # -- running --------------------------------------------------------------------
 
-    def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None) -> list[Any]:
+    def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None,
+            *, slot: str = "primary", phase: str = "") -> list[Any]:
         """Run the plan on `feeds` (value id -> array); returns the value environment.
 
         `bound_outputs` (value id -> array) are written in place: the caller's arrays
@@ -96,49 +166,122 @@ class Executor:
         for vid, arr in feeds.items():
             env[vid] = arr
         bound = bound_outputs or {}
+        rec = self.recording
+        t_start = time.perf_counter()
         if self.jit_only:
             bindings: dict[str, int] = {}
-            if self._bound_key is not None:
-                self._prepare_outputs(bindings, bound)
-                self._bound_key = None
+            if self._signature is not None:
+                self._prepare(bindings, bound)
+                self._signature = None
         else:
             bindings = bind_symbols(self.graph, feeds)
-            key = (tuple(bindings.items()), _bound_signature(bound))
-            if key != self._bound_key:
-                self._prepare_outputs(bindings, bound)
-                self._bound_key = key
+            if rec is not None:
+                rec.begin_step(slot=slot, phase=phase, bindings=dict(bindings))
+            self._peak = self._resident
+            signature = (tuple(bindings.items()), _bound_signature(bound))
+            if signature != self._signature:
+                self._prepare(bindings, bound)
+                self._signature = signature
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         self.last_bindings = bindings
-        values = self.graph.values
-        for p, outs, dynamic in zip(self.plan.nodes, self._outs, self._dynamic):
-            ins = [env[i] if i >= 0 else None for i in p.inputs]
-            if dynamic:
-                outs = list(outs)
-                for j, vid in dynamic:
-                    shape = resolve(values[vid].shape, bindings)
-                    if shape is not None:
-                        outs[j] = self._buffer(vid, shape, values[vid].dtype)
-            try:
-                res = p.fn(ins, outs)
-            except WorkbenchError:
-                raise
-            except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
-                res = self._retry_unallocated(p, ins, outs, e)
-            for j, vid in enumerate(p.outputs):
-                if vid < 0:
-                    continue
-                r = res[j]
-                o = outs[j]
-                if r is o:
-                    env[vid] = r
-                elif o is not None and getattr(r, "shape", None) == o.shape:
-                    o[...] = r
-                    env[vid] = o
-                else:
-                    env[vid] = self._adopt(p, vid, r, bindings)
+        released: dict[int, int] = {}
+        pinned: set[int] = set()
+        self._owners = dict(self.storage.owner)  # views that had to copy become owners
+        for d in self._dispatch:
+            self._dispatch_node(d, env, bindings, rec, released, pinned)
         if bound:
             self._fill_bound(env, bound)
+        if rec is not None and not self.jit_only:
+            self._emit_liveness(rec, env, released, pinned)
+            rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         return env
+
+    def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
+                       released: dict[int, int], pinned: set[int]) -> None:
+        p = d.p
+        ins = [env[i] if i >= 0 else None for i in p.inputs]
+        outs = d.outs
+        if d.lazy or d.dynamic:
+            outs = list(outs)
+            for j, owner, shape, dtype in d.lazy:
+                outs[j] = self._buffer(owner, shape, dtype, p.index)
+            for j, vid in d.dynamic:
+                v = self.graph.values[vid]
+                shape = resolve(v.shape, bindings)
+                if shape is not None:
+                    outs[j] = self._buffer(self.storage.owner.get(vid, vid), shape, v.dtype, p.index)
+        for pos in d.contiguous:
+            x = ins[pos]
+            if x is not None and not x.flags.c_contiguous:
+                ins[pos] = np.ascontiguousarray(x)
+                if rec is not None:
+                    rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
+        t0 = time.perf_counter() if rec is not None else 0.0
+        try:
+            res = p.fn(ins, outs)
+        except WorkbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
+            res = self._retry_unallocated(p, ins, outs, e)
+        if rec is not None:
+            rec.node(p.index, "eager", time.perf_counter() - t0)
+        for j, vid in enumerate(p.outputs):
+            if vid < 0:
+                continue
+            r = res[j]
+            o = outs[j]
+            if r is o:
+                env[vid] = r
+            elif d.view and o is None:
+                env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
+            elif o is not None and getattr(r, "shape", None) == o.shape:
+                o[...] = r
+                env[vid] = o
+            else:
+                env[vid] = self._adopt(p, vid, r, bindings)
+        if rec is not None and p.index in self.storage.in_place:
+            slot, pos = self.storage.in_place[p.index]
+            rec.alias(p.outputs[slot], p.inputs[pos], p.index)
+        for owner in d.release:
+            self._release(owner, p.index, env, released)
+
+    def _take_view(self, p: PlanNode, vid: int, r: Any, source: Any, rec: Any,
+                   pinned: set[int], bindings: dict) -> Any:
+        """A layout op's result: a zero-copy view of its input's owner, or a materialised copy."""
+        if is_view_of(r, source):
+            owner = self._owners.get(p.inputs[0], p.inputs[0])
+            self._owners[vid] = owner
+            if owner not in pinned:
+                pinned.add(owner)
+                if rec is not None:
+                    rec.buffer("pin", owner, 0, p.index)
+            if rec is not None:
+                shape, strides, offset = geometry(r, self._env[owner])
+                rec.view(vid, owner, shape, strides, offset, p.index)
+            return r
+        r = self._adopt(p, vid, r, bindings)
+        self._owners[vid] = vid
+        if rec is not None and isinstance(r, np.ndarray):
+            rec.materialize(p.index, vid, r.nbytes, "layout op could not alias its input")
+        return r
+
+    def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
+        sp = self.storage
+        rows = []
+        for vid, kind in sp.storage.items():
+            value = env[vid]
+            owner = self._owners.get(vid, vid)
+            if kind == VIEW and owner == vid:
+                kind = OWNER  # the layout op had to copy
+            if kind in (OWNER, INPUT, INITIALIZER):
+                buf = self._buffers.get(vid)
+                nbytes = int(getattr(value, "nbytes", 0) if value is not None else
+                             getattr(buf, "nbytes", 0))
+            else:
+                nbytes = 0
+            rows.append((vid, kind, owner, nbytes, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1),
+                         owner in pinned, released.get(owner, -1)))
+        rec.liveness(rows)
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
         for vid, arr in bound.items():
@@ -153,7 +296,7 @@ class Executor:
             arr[...] = value
             env[vid] = arr
 
-    def _retry_unallocated(self, p: Any, ins: list, outs: list, error: Exception) -> Any:
+    def _retry_unallocated(self, p: PlanNode, ins: list, outs: list, error: Exception) -> Any:
         """A kernel failed: if we had preallocated, shape inference may be wrong; retry once."""
         if any(o is not None for o in outs):
             try:
@@ -162,7 +305,7 @@ class Executor:
                 pass
             else:
                 self.jit_forced.add(p.index)
-                self._bound_key = object()  # re-plan buffers next run
+                self._signature = object()  # re-plan buffers next run
                 return res
         shapes = ", ".join(
             f"{self.graph.values[i].name}{tuple(getattr(a, 'shape', ()))}:{getattr(a, 'dtype', type(a).__name__)}"
@@ -172,7 +315,7 @@ class Executor:
             f"{p.node.label} failed on inputs [{shapes}]: {type(error).__name__}: {error}"
         ) from error
 
-    def _adopt(self, p: Any, vid: int, r: Any, bindings: dict[str, int]) -> Any:
+    def _adopt(self, p: PlanNode, vid: int, r: Any, bindings: dict[str, int]) -> Any:
         """Take a just-in-time result: fix its dtype and bind the symbols its shape reveals."""
         value = self.graph.values[vid]
         if r is None and value.kind in ("optional", "unknown"):
@@ -193,13 +336,13 @@ class Executor:
                         bindings[d] = got
                     elif have != got:
                         self._untrusted.add(d)
-                        self._bound_key = object()
+                        self._signature = object()
         return r
 
     # -- control flow -----------------------------------------------------------------
 
     def _subgraph_runner(self, graph: Graph):
-        child = Executor(graph, self.backend, cache=self.cache, jit_only=True)
+        child = Executor(graph, self.backend, options=self.options, cache=self.cache, jit_only=True)
         formal = list(graph.inputs)
         outer = {graph.values[v].name: v for v in graph.outer_inputs}
         outputs = list(graph.outputs)
@@ -213,3 +356,6 @@ class Executor:
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+
+__all__ = ["ALIAS", "Executor"]

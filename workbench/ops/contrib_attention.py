@@ -225,7 +225,10 @@ def _gqa_capture(info: NodeInfo) -> CaptureVerdict:
     return CAPTURE_SUPPORTED
 
 
-@register("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture)
+# query/key/value are reshaped to heads internally: a strided view (e.g. a Split of
+# packed QKV) would be copied silently there, so the executor copies and records it
+@register("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture,
+          contiguous_inputs=(0, 1, 2))
 def build_group_query_attention(info: NodeInfo) -> KernelFn:
     """com.microsoft GroupQueryAttention, as onnxruntime's CPU kernel computes it.
 

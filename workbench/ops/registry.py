@@ -103,6 +103,9 @@ class KernelSpec:
     kind: str = "native"
     #: extra admission test beyond opset and input dtypes (e.g. Cast's target dtype)
     accept: Callable[[NodeInfo], bool] | None = None
+    #: input positions the kernel needs C-contiguous; the executor materialises (and
+    #: records) a copy of a strided view there
+    contiguous_inputs: tuple[int, ...] = ()
 
     def accepts(self, info: NodeInfo) -> bool:
         if not (self.since <= info.opset and (self.until is None or info.opset <= self.until)):
@@ -138,6 +141,7 @@ def register(
     capture: CaptureVerdict | Callable[[NodeInfo], CaptureVerdict] = CAPTURE_SUPPORTED,
     data_dependent_shape: bool = False,
     accept: Callable[[NodeInfo], bool] | None = None,
+    contiguous_inputs: tuple[int, ...] = (),
 ) -> Callable[[Callable[[NodeInfo], KernelFn]], Callable[[NodeInfo], KernelFn]]:
     """Decorator registering a kernel builder for `domain::op_type`, opsets since..until."""
 
@@ -147,6 +151,7 @@ def register(
             build=build, dtypes=dtypes, dtype_inputs=dtype_inputs,
             produces_view=produces_view, may_run_in_place=may_run_in_place,
             capture=capture, data_dependent_shape=data_dependent_shape, accept=accept,
+            contiguous_inputs=contiguous_inputs,
         )
         _REGISTRY.setdefault((spec.domain, op_type), []).append(spec)
         return build

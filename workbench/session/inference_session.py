@@ -41,7 +41,7 @@ class InferenceSession:
         self.options = options or SessionOptions()
         self.backend = get_backend(backend)
         self.graph, self.model_proto = load_graph(model)
-        self.executor = Executor(self.graph, self.backend)
+        self.executor = Executor(self.graph, self.backend, options=self.options)
         values = self.graph.values
         self._inputs = [values[v] for v in self.graph.inputs]
         self._outputs = [values[v] for v in self.graph.outputs]

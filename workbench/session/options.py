@@ -1,13 +1,38 @@
-"""SessionOptions: every switch of the executor, mirrored by WORKBENCH_* variables."""
+"""SessionOptions: every switch of the executor, mirrored by WORKBENCH_* variables.
+
+An environment variable gives an option's default (`0`, `false`, `off`, `no`
+disable; anything else enables); a value passed explicitly always wins.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+_FALSE = {"0", "false", "off", "no", ""}
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() not in _FALSE
+
+
+def _flag(name: str, default: bool):
+    return field(default_factory=lambda: env_flag(name, default))
 
 
 @dataclass
 class SessionOptions:
-    """Options for an InferenceSession (later mechanisms add fields here)."""
+    """Options for an InferenceSession."""
 
-    #: keep a trace of what the executor did (see workbench.trace)
-    trace: bool = True
+    #: record what the executor does into `session.recording` (WORKBENCH_TRACE)
+    trace: bool = _flag("WORKBENCH_TRACE", True)
+    #: layout ops (Reshape, Transpose, Slice, ...) produce zero-copy views (WORKBENCH_VIEWS)
+    views: bool = _flag("WORKBENCH_VIEWS", True)
+    #: elementwise kernels may write into a dead input's buffer (WORKBENCH_COMPUTE_IN_PLACE)
+    compute_in_place: bool = _flag("WORKBENCH_COMPUTE_IN_PLACE", True)
+    #: free a buffer after its last reader; off by default because device-graph
+    #: capture needs stable addresses (WORKBENCH_RELEASE_DEAD_VALUES)
+    release_dead_values: bool = _flag("WORKBENCH_RELEASE_DEAD_VALUES", False)
