@@ -64,9 +64,9 @@ def test_fixed_kv_buffers_never_move():
     seen = []
     original = ours.run_with_iobinding
 
-    def spy(binding):
+    def spy(binding, run_options=None):
         seen.append(tuple(a.ctypes.data for a in binding.outputs.values() if a is not None))
-        original(binding)
+        original(binding, run_options)
 
     ours.run_with_iobinding = spy
     gen.generate(SHORT_PROMPT, 6, kv="fixed", progress=False)

@@ -14,7 +14,8 @@ from .errors import (
     UnsupportedOperatorError,
     WorkbenchError,
 )
-from .session import InferenceSession, IOBinding, NodeArg, SessionOptions
+from .session import InferenceSession, IOBinding, NodeArg, RunOptions, SessionOptions
+from .trace import Recording
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,8 @@ __all__ = [
     "KernelError",
     "ModelLoadError",
     "NodeArg",
+    "Recording",
+    "RunOptions",
     "SessionOptions",
     "UnsupportedOperatorError",
     "WorkbenchError",

@@ -91,6 +91,7 @@ class Generator:
                 logits = self._step(pending, cache)
                 token = int(np.argmax(logits))
                 result.step_times.append(time.perf_counter() - t0)
+                self._record_token(token, cache.length)
                 if return_logits:
                     result.logits.append(logits)
                 result.tokens.append(token)
@@ -102,6 +103,12 @@ class Generator:
         finally:
             bar.close()
         return result
+
+    def _record_token(self, token: int, position: int) -> None:
+        """Note the chosen token beside the step that produced it, for the widgets."""
+        recording = getattr(self.session, "recording", None)
+        if recording is not None and recording.current_step >= 0:
+            recording.add_row("tokens", token=token, position=position)
 
     def _kv_mode(self, kv: str) -> str:
         if kv not in ("auto", "growing", "fixed"):
@@ -125,7 +132,8 @@ class Generator:
             feeds[io.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
         feeds.update(cache.past_feeds())
         wanted = [io.logits] + cache.wanted_presents()
-        out = run_step(self.session, feeds, cache.bound_presents(), wanted)
+        phase = "prefill" if past_len == 0 else "decode"
+        out = run_step(self.session, feeds, cache.bound_presents(), wanted, phase)
         cache.advance(n, out)
         return np.asarray(out[io.logits])[0, -1].astype(np.float32, copy=True)
 

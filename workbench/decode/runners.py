@@ -16,11 +16,18 @@ def is_workbench_session(session: Any) -> bool:
 
 
 def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str, np.ndarray],
-             wanted: list[str]) -> dict[str, np.ndarray]:
+             wanted: list[str], phase: str = "") -> dict[str, np.ndarray]:
     """Run one step; `bound_outputs` are written in place, `wanted` are returned."""
+    ours = is_workbench_session(session)
+    if ours:
+        from ..session import RunOptions  # noqa: PLC0415 - decode sits above session
+
+        run_options = RunOptions(phase=phase)
     if not bound_outputs:
+        if ours:
+            return dict(zip(wanted, session.run(wanted, feeds, run_options)))
         return dict(zip(wanted, session.run(wanted, feeds)))
-    if is_workbench_session(session):
+    if ours:
         binding = session.io_binding()
         for name, arr in feeds.items():
             binding.bind_input(name, arr)
@@ -28,7 +35,7 @@ def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str
             binding.bind_output(name, arr)
         for name in wanted:
             binding.bind_output(name)
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, run_options)
         return dict(zip(binding.outputs, binding.get_outputs()))
     return _run_onnxruntime_bound(session, feeds, bound_outputs, wanted)
 

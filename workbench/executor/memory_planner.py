@@ -108,31 +108,54 @@ def _align(x: int, alignment: int) -> int:
     return -(-x // alignment) * alignment
 
 
-class _Arena:
-    """Placed intervals as arrays, for vectorised time-overlap queries."""
+#: intervals living at most this many steps are indexed per time step; longer ones are scanned
+_SHORT = 32
 
-    def __init__(self, n: int):
-        self.start = np.empty(n, np.int64)
-        self.end = np.empty(n, np.int64)
-        self.off = np.empty(n, np.int64)
-        self.top = np.empty(n, np.int64)  # off + size
-        self.k = 0
+
+class _Arena:
+    """Placed intervals, indexed for "who is live at some time in [start, end]" queries.
+
+    Short-lived intervals (the bulk of an activation liveness) sit in one bucket per
+    time step they span, so a short query only touches its own steps; the few
+    long-lived ones are scanned.
+    """
+
+    def __init__(self, t_min: int, t_max: int):
+        self.t0 = t_min
+        self.buckets: list[list[int]] = [[] for _ in range(t_max - t_min + 1)]
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.off: list[int] = []
+        self.top: list[int] = []  # off + size
+        self.longs: list[int] = []
 
     def colliding(self, start: int, end: int) -> list[tuple[int, int]]:
         """(offset, offset + size) of placed intervals live at some time in [start, end], by offset."""
-        k = self.k
-        mask = (self.start[:k] <= end) & (self.end[:k] >= start)
-        idx = np.flatnonzero(mask)
-        if idx.size == 0:
-            return []
-        offs = self.off[idx]
-        order = np.argsort(offs, kind="stable")
-        return list(zip(offs[order].tolist(), self.top[idx][order].tolist()))
+        st, en, off, top = self.start, self.end, self.off, self.top
+        if end - start < _SHORT:
+            seen: set[int] = set()
+            b = self.buckets
+            for t in range(start - self.t0, end - self.t0 + 1):
+                seen.update(b[t])
+            seen.update(j for j in self.longs if st[j] <= end and en[j] >= start)
+            busy = [(off[j], top[j]) for j in seen]
+        else:
+            busy = [(off[j], top[j]) for j in range(len(st)) if st[j] <= end and en[j] >= start]
+        busy.sort()
+        return busy
 
     def add(self, start: int, end: int, off: int, size: int) -> None:
-        k = self.k
-        self.start[k], self.end[k], self.off[k], self.top[k] = start, end, off, off + size
-        self.k = k + 1
+        j = len(self.start)
+        self.start.append(start)
+        self.end.append(end)
+        self.off.append(off)
+        self.top.append(off + size)
+        if end - start < _SHORT:
+            b = self.buckets
+            for t in range(start - self.t0, end - self.t0 + 1):
+                b[t].append(j)
+        else:
+            self.longs.append(j)
 
 
 def _first_fit(busy: list[tuple[int, int]], size: int, alignment: int) -> int:
@@ -159,8 +182,10 @@ def _best_fit(busy: list[tuple[int, int]], size: int, alignment: int) -> int:
 
 def _place(order: Sequence[Interval], alignment: int,
            fit: Callable[[list[tuple[int, int]], int, int], int]) -> tuple[dict, int]:
-    arena = _Arena(len(order))
     offsets: dict = {}
+    if not order:
+        return offsets, 0
+    arena = _Arena(min(iv.start for iv in order), max(iv.end for iv in order))
     peak = 0
     for iv in order:
         if iv.size == 0:  # occupies no address range: collides with nothing

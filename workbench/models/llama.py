@@ -387,12 +387,70 @@ def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope) -> ModelProto:
     return b.make_model()
 
 
-def plain_rope(cfg: ModelConfig):
+def plain_rope(cfg: ModelConfig, factors: np.ndarray | None = None):
+    """Half-width cos/sin cache initializers; `factors` divide the inverse frequencies
+    (llama.cpp's `rope_freqs`, Llama-3.1 style), one per rotary pair."""
+
     def rope(b: GraphBuilder, total64: str) -> tuple[str, str]:
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_positions, cfg.rope_theta, factors)
         return b.initializer("cos_cache", cos), b.initializer("sin_cache", sin)
 
     return rope
+
+
+def check_weights(cfg: ModelConfig, wts: DecoderWeights) -> None:
+    """Every weight has the [K, N] (or [N]) shape `cfg` implies, or ModelBuildError names it."""
+    E, F, V = cfg.hidden, cfg.ffn, cfg.vocab
+    q_width, kv_width = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    if len(wts.layers) != cfg.num_layers:
+        raise ModelBuildError(
+            f"{cfg.family}: {len(wts.layers)} layers of weights for num_layers={cfg.num_layers}"
+        )
+    expected = [("embed", wts.embed, (V, E)), ("final_norm", wts.final_norm, (E,)),
+                ("lm_head", wts.lm_head, (E, V))]
+    for i, lw in enumerate(wts.layers):
+        expected += [
+            (f"layers.{i}.input_norm", lw.input_norm, (E,)),
+            (f"layers.{i}.q", lw.q, (E, q_width)),
+            (f"layers.{i}.k", lw.k, (E, kv_width)),
+            (f"layers.{i}.v", lw.v, (E, kv_width)),
+            (f"layers.{i}.o", lw.o, (q_width, E)),
+            (f"layers.{i}.post_norm", lw.post_norm, (E,)),
+            (f"layers.{i}.gate", lw.gate, (E, F)),
+            (f"layers.{i}.up", lw.up, (E, F)),
+            (f"layers.{i}.down", lw.down, (F, E)),
+        ]
+    for name, array, shape in expected:
+        if tuple(np.shape(array)) != shape:
+            raise ModelBuildError(
+                f"{cfg.family}: weight {name} has shape {tuple(np.shape(array))}, expected {shape}"
+            )
+        if np.asarray(array).dtype != np.float32:
+            raise ModelBuildError(f"{cfg.family}: weight {name} is {np.asarray(array).dtype}, expected float32")
+
+
+def llama_genai_from_weights(
+    cfg: ModelConfig, wts: DecoderWeights, *, rope_factors: np.ndarray | None = None
+) -> ModelProto:
+    """The genai-flavour Llama graph over caller-supplied weights (e.g. read from a GGUF).
+
+    `wts` holds float32 weights, every linear as [K, N] (the transpose of a torch
+    `Linear.weight`); `cfg` must say flavor="genai". The model carries `cfg`.
+    """
+    if cfg.flavor != "genai":
+        raise ModelBuildError(f"{cfg.family}: llama_genai_from_weights builds flavor='genai', got {cfg.flavor!r}")
+    if cfg.quant is not None:
+        raise ModelBuildError(f"{cfg.family}: llama_genai_from_weights takes float weights, not quant={cfg.quant!r}")
+    if cfg.heads % cfg.kv_heads:
+        raise ModelBuildError(
+            f"{cfg.family}: heads ({cfg.heads}) must be a multiple of kv_heads ({cfg.kv_heads})"
+        )
+    check_weights(cfg, wts)
+    if rope_factors is not None and np.shape(rope_factors) != (cfg.head_dim // 2,):
+        raise ModelBuildError(
+            f"{cfg.family}: rope_factors has shape {np.shape(rope_factors)}, expected ({cfg.head_dim // 2},)"
+        )
+    return attach_config(build_genai(cfg, wts, plain_rope(cfg, rope_factors)), cfg)
 
 
 def llama(

@@ -2,6 +2,6 @@
 
 from .inference_session import InferenceSession, NodeArg
 from .io_binding import IOBinding
-from .options import SessionOptions
+from .options import RunOptions, SessionOptions
 
-__all__ = ["IOBinding", "InferenceSession", "NodeArg", "SessionOptions"]
+__all__ = ["IOBinding", "InferenceSession", "NodeArg", "RunOptions", "SessionOptions"]

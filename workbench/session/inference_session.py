@@ -11,10 +11,12 @@ from ..backend import get_backend
 from ..dtypes import ort_type_string
 from ..errors import InputError
 from ..executor import Executor
+from ..executor.describe import plan_rows, value_rows
 from ..ir import load_graph
 from ..ir.graph import Value
+from ..trace import Recording
 from .io_binding import IOBinding
-from .options import SessionOptions
+from .options import RunOptions, SessionOptions
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ class InferenceSession:
         self.backend = get_backend(backend)
         self.graph, self.model_proto = load_graph(model)
         self.executor = Executor(self.graph, self.backend, options=self.options)
+        #: the live Recording of every run (None when `options.trace` is off)
+        self.recording: Recording | None = None
+        if self.options.trace:
+            self.recording = Recording()
+            self.recording.set_static(plan_rows(self.plan), value_rows(self.graph))
+            self.executor.recording = self.recording
         values = self.graph.values
         self._inputs = [values[v] for v in self.graph.inputs]
         self._outputs = [values[v] for v in self.graph.outputs]
@@ -56,7 +64,8 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return [_node_arg(v) for v in self._outputs]
 
-    def run(self, output_names: list[str] | None, input_feed: dict[str, Any]) -> list[Any]:
+    def run(self, output_names: list[str] | None, input_feed: dict[str, Any],
+            run_options: RunOptions | None = None) -> list[Any]:
         names = list(output_names) if output_names else [v.name for v in self._outputs]
         for name in names:
             if name not in self._output_ids:
@@ -64,17 +73,19 @@ class InferenceSession:
                     f"unknown output {name!r}; the model's outputs are {sorted(self._output_ids)}"
                 )
         feeds = self._check_inputs(input_feed)
-        env = self.executor.run(feeds)
+        ro = run_options or RunOptions()
+        env = self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
         return [self._to_caller(env[self._output_ids[n]]) for n in names]
 
     def io_binding(self) -> IOBinding:
         return IOBinding(self)
 
-    def run_with_iobinding(self, binding: IOBinding) -> None:
+    def run_with_iobinding(self, binding: IOBinding, run_options: RunOptions | None = None) -> None:
         """Run with bound inputs; bound output arrays are written in place."""
         feeds = self._check_inputs(binding.inputs)
         caller_outputs = {self._output_ids[n]: a for n, a in binding.outputs.items() if a is not None}
-        env = self.executor.run(feeds, caller_outputs)
+        ro = run_options or RunOptions()
+        env = self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
         binding._results = {
             name: (array if array is not None else self._to_caller(env[self._output_ids[name]]))
             for name, array in binding.outputs.items()

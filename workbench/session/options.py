@@ -36,3 +36,13 @@ class SessionOptions:
     #: free a buffer after its last reader; off by default because device-graph
     #: capture needs stable addresses (WORKBENCH_RELEASE_DEAD_VALUES)
     release_dead_values: bool = _flag("WORKBENCH_RELEASE_DEAD_VALUES", False)
+
+
+@dataclass
+class RunOptions:
+    """Per-run annotations (onnxruntime's RunOptions counterpart): what this run is."""
+
+    #: "prefill" | "decode" | "verify" | "" (unknown)
+    phase: str = ""
+    #: device-graph slot: "primary" (one-token decode) or "verify" (speculative verify)
+    slot: str = "primary"

@@ -1,0 +1,451 @@
+"""The Recording: a columnar, saveable log of everything the executor did.
+
+Emission is the hot path (one call per node per step while a model generates), so
+every emitting method only appends to per-column Python lists: no event objects,
+no dicts, no pandas. One extra small int per event (`_order`, the table it went to)
+keeps the global emission order, so `events()` and the `seq` column of every frame
+can replay the interleaving exactly.
+
+Reading is the cold path: `steps()`, `views()`, `liveness()`, ... build pandas
+frames on demand (pandas is imported there, never when emitting); `events()` builds
+typed dataclasses lazily; `save()` / `load()` go through parquet + JSON (no pickle).
+
+Step numbering: `begin_step` returns 0, 1, 2, ... (its position in the steps
+table). Every event row carries the step most recently begun (-1 before the first
+one) -- including events emitted after that step's `end_step` and before the next
+`begin_step`. `clear()` empties the per-step tables and restarts numbering at 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import WorkbenchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..executor.memory_planner import MemoryPlan
+    from .events import Event
+
+__all__ = ["Recording", "TraceError"]
+
+
+class TraceError(WorkbenchError):
+    """The trace API was misused (unbalanced steps, bad table name, unreadable recording)."""
+
+
+#: built-in per-step tables: name -> columns (the raw, id-based layout saved to disk)
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "steps": ("step", "slot", "phase", "bindings", "wall_s", "resident_peak_bytes", "extra"),
+    "node_exec": ("step", "plan_index", "mode", "duration_s"),
+    "buffer": ("step", "event", "value_id", "nbytes", "plan_index"),
+    "view": ("step", "value_id", "source_id", "shape", "strides", "byte_offset", "plan_index"),
+    "alias": ("step", "value_id", "into_id", "plan_index"),
+    "materialize": ("step", "plan_index", "value_id", "nbytes", "reason"),
+    "liveness": ("step", "value_id", "storage", "owner_id", "nbytes", "first_def", "last_use",
+                 "pinned", "released_at"),
+}
+
+#: static tables: name -> the columns every row has (callers may add more keys)
+STATIC_COLUMNS: dict[str, tuple[str, ...]] = {
+    "nodes": ("plan_index", "name", "op_type", "domain", "kernel", "produces_view",
+              "capture_supported", "capture_reason", "capture_detail", "inputs", "outputs"),
+    "values": ("value_id", "name", "dtype", "shape", "kind", "role"),
+}
+
+#: event-order codes: which table each emitted event went to
+CODE_STEP_BEGAN, CODE_STEP_ENDED, CODE_NODE, CODE_BUFFER, CODE_VIEW, CODE_ALIAS, \
+    CODE_MATERIALIZE, CODE_LIVENESS = range(8)
+#: table name -> code of its rows in `_order` (steps: the begin event)
+TABLE_CODES = {"steps": CODE_STEP_BEGAN, "node_exec": CODE_NODE, "buffer": CODE_BUFFER,
+               "view": CODE_VIEW, "alias": CODE_ALIAS, "materialize": CODE_MATERIALIZE,
+               "liveness": CODE_LIVENESS}
+#: generic tables get codes GENERIC_CODE_BASE, +1, ... in creation order
+GENERIC_CODE_BASE = 16
+
+_STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_LIVENESS_WIDTH = len(TABLE_COLUMNS["liveness"]) - 1
+
+
+class _Generic:
+    """A table added through `add_row`: columns appear as rows name them (earlier rows: None)."""
+
+    __slots__ = ("cols", "n", "code")
+
+    def __init__(self, code: int):
+        self.cols: dict[str, list] = {"step": []}
+        self.n = 0
+        self.code = code
+
+
+class Recording:
+    """Everything one session's executor did, step by step; see the module docstring.
+
+    Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
+    `buffer`, `view`, `alias`, `materialize`, `liveness`, `end_step`, `add_row`.
+    Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
+    as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
+    `materializations`, `memory_summary`, `memory_plan`, `table`, `tables`, `events`,
+    `save`, `load`, `len()`, `clear`.
+    """
+
+    def __init__(self) -> None:
+        self._t: dict[str, dict[str, list]] = {
+            name: {c: [] for c in cols} for name, cols in TABLE_COLUMNS.items()}
+        self._static: dict[str, dict[str, list]] = {
+            name: {c: [] for c in cols} for name, cols in STATIC_COLUMNS.items()}
+        self._generic: dict[str, _Generic] = {}
+        self._order: list[int] = []
+        self._step = -1
+        self._open = False
+        self._maps: tuple | None = None
+        self._bind()
+
+    def _bind(self) -> None:
+        """Direct references to the hot columns (the lists are only ever cleared in place)."""
+        ne, bu, vi, al, ma = (self._t[k] for k in ("node_exec", "buffer", "view", "alias", "materialize"))
+        self._ne = (ne["step"], ne["plan_index"], ne["mode"], ne["duration_s"])
+        self._ne_step, self._ne_pi, self._ne_mode, self._ne_dur = self._ne
+        self._bu_step, self._bu_ev, self._bu_vid, self._bu_nb, self._bu_pi = (
+            bu[c] for c in TABLE_COLUMNS["buffer"])
+        (self._vi_step, self._vi_vid, self._vi_src, self._vi_shape, self._vi_strides,
+         self._vi_off, self._vi_pi) = (vi[c] for c in TABLE_COLUMNS["view"])
+        self._al_step, self._al_vid, self._al_into, self._al_pi = (al[c] for c in TABLE_COLUMNS["alias"])
+        self._ma_step, self._ma_pi, self._ma_vid, self._ma_nb, self._ma_reason = (
+            ma[c] for c in TABLE_COLUMNS["materialize"])
+
+    # ------------------------------------------------------------------ emission
+
+    def set_static(self, nodes: list[dict], values: list[dict]) -> None:
+        """The plan's nodes and the graph's values (replaces any earlier static tables).
+
+        Keys beyond `STATIC_COLUMNS` become extra columns; a row missing a key gets None.
+        """
+        for name, rows in (("nodes", nodes), ("values", values)):
+            cols = list(STATIC_COLUMNS[name])
+            seen = set(cols)
+            for r in rows:
+                for k in r:
+                    if k not in seen:
+                        seen.add(k)
+                        cols.append(k)
+            self._static[name] = {c: [r.get(c) for r in rows] for c in cols}
+        self._maps = None
+
+    def begin_step(self, slot: str = "primary", phase: str = "",
+                   bindings: dict[str, int] | None = None) -> int:
+        """Open a step (one run); returns its index, carried by every event until the next one."""
+        s = self._t["steps"]
+        step = len(s["step"])
+        s["step"].append(step)
+        s["slot"].append(slot)
+        s["phase"].append(phase)
+        s["bindings"].append({str(k): int(v) for k, v in bindings.items()} if bindings else {})
+        s["wall_s"].append(math.nan)
+        s["resident_peak_bytes"].append(0)
+        s["extra"].append({})
+        self._step = step
+        self._open = True
+        self._order.append(CODE_STEP_BEGAN)
+        return step
+
+    def node(self, plan_index: int, mode: str, duration_s: float) -> None:
+        """Plan node ran: mode "eager" | "replayed" | "elided"."""
+        self._order.append(CODE_NODE)
+        self._ne_step.append(self._step)
+        self._ne_pi.append(plan_index)
+        self._ne_mode.append(mode)
+        self._ne_dur.append(duration_s)
+
+    def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
+        """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
+        self._order.append(CODE_BUFFER)
+        self._bu_step.append(self._step)
+        self._bu_ev.append(event)
+        self._bu_vid.append(value_id)
+        self._bu_nb.append(nbytes)
+        self._bu_pi.append(plan_index)
+
+    def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
+             plan_index: int) -> None:
+        """`value_id` is a view of owner `source_id`; strides in elements (may be negative or 0)."""
+        self._order.append(CODE_VIEW)
+        self._vi_step.append(self._step)
+        self._vi_vid.append(value_id)
+        self._vi_src.append(source_id)
+        self._vi_shape.append(shape)
+        self._vi_strides.append(strides)
+        self._vi_off.append(byte_offset)
+        self._vi_pi.append(plan_index)
+
+    def alias(self, value_id: int, into_id: int, plan_index: int) -> None:
+        """In place: `value_id` was written into `into_id`'s buffer."""
+        self._order.append(CODE_ALIAS)
+        self._al_step.append(self._step)
+        self._al_vid.append(value_id)
+        self._al_into.append(into_id)
+        self._al_pi.append(plan_index)
+
+    def materialize(self, plan_index: int, value_id: int, nbytes: int, reason: str) -> None:
+        """A kernel needed a copy of `value_id` (e.g. a contiguous input)."""
+        self._order.append(CODE_MATERIALIZE)
+        self._ma_step.append(self._step)
+        self._ma_pi.append(plan_index)
+        self._ma_vid.append(value_id)
+        self._ma_nb.append(nbytes)
+        self._ma_reason.append(reason)
+
+    def liveness(self, rows: Iterable[tuple] | None = None) -> pd.DataFrame | None:
+        """Emit this step's liveness rows; with no argument, return the liveness frame.
+
+        Each row: (value_id, storage, owner_id, nbytes, first_def, last_use, pinned,
+        released_at); storage "owner" | "view" | "alias" | "input" | "initializer".
+        """
+        if rows is None:
+            return self.liveness_frame()
+        rows = rows if isinstance(rows, list) else list(rows)
+        if not rows:
+            return None
+        for r in rows:
+            if len(r) != _LIVENESS_WIDTH:
+                raise TraceError(
+                    f"liveness row {r!r} has {len(r)} fields; expected {_LIVENESS_WIDTH}: "
+                    "(value_id, storage, owner_id, nbytes, first_def, last_use, pinned, released_at)")
+        lv = self._t["liveness"]
+        n = len(rows)
+        lv["step"].extend([self._step] * n)
+        for name, col in zip(TABLE_COLUMNS["liveness"][1:], zip(*rows)):
+            lv[name].extend(col)
+        self._order.extend([CODE_LIVENESS] * n)
+        return None
+
+    def end_step(self, wall_s: float, resident_peak_bytes: int = 0, **extra: Any) -> None:
+        """Close the open step; `extra` (token=..., text=...) become columns of `steps()`."""
+        if not self._open:
+            raise TraceError("end_step() called without an open step (call begin_step() first)")
+        clash = _STEP_RESERVED.intersection(extra)
+        if clash:
+            raise TraceError(f"end_step(): extra column(s) {sorted(clash)} clash with the steps "
+                             f"table's own columns {sorted(_STEP_RESERVED)}")
+        s = self._t["steps"]
+        i = self._step
+        s["wall_s"][i] = float(wall_s)
+        s["resident_peak_bytes"][i] = int(resident_peak_bytes)
+        s["extra"][i] = extra
+        self._open = False
+        self._order.append(CODE_STEP_ENDED)
+
+    def add_row(self, table: str, **columns: Any) -> None:
+        """Append a row to generic table `table` (created on first use).
+
+        A `step` column is filled with the current step unless given. Columns may
+        differ between rows: a column's missing entries are None.
+        """
+        if "seq" in columns:
+            raise TraceError(f"add_row({table!r}): column 'seq' is reserved (the frames' emission order)")
+        g = self._generic.get(table)
+        if g is None:
+            g = self._new_generic(table)
+        cols, n = g.cols, g.n
+        if "step" not in columns:
+            cols["step"].append(self._step)
+        for k, v in columns.items():
+            col = cols.get(k)
+            if col is None:
+                col = cols[k] = [None] * n
+            col.append(v)
+        n += 1
+        if len(columns) + ("step" not in columns) != len(cols):
+            for col in cols.values():
+                if len(col) < n:
+                    col.append(None)
+        g.n = n
+        self._order.append(g.code)
+
+    def _new_generic(self, table: str) -> _Generic:
+        if not isinstance(table, str) or not _TABLE_NAME.match(table):
+            raise TraceError(f"table name {table!r}: use letters, digits, '_', '.', '-' "
+                             "(it becomes a file name)")
+        if table in TABLE_COLUMNS or table in STATIC_COLUMNS:
+            raise TraceError(f"table name {table!r} is a built-in table of the Recording")
+        g = self._generic[table] = _Generic(GENERIC_CODE_BASE + len(self._generic))
+        return g
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def current_step(self) -> int:
+        """Index of the most recently begun step (-1 before the first)."""
+        return self._step
+
+    @property
+    def step_open(self) -> bool:
+        return self._open
+
+    @property
+    def tables(self) -> list[str]:
+        """Names of the generic tables (added with `add_row`)."""
+        return list(self._generic)
+
+    def __len__(self) -> int:
+        return len(self._t["steps"]["step"])
+
+    @property
+    def n_events(self) -> int:
+        """Events emitted (step begin/end, nodes, buffers, views, ..., liveness rows, generic rows)."""
+        return len(self._order)
+
+    def clear(self, static: bool = False) -> None:
+        """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
+        for cols in self._t.values():
+            for col in cols.values():
+                col.clear()
+        self._generic.clear()
+        self._order.clear()
+        self._step = -1
+        self._open = False
+        if static:
+            self.set_static([], [])
+
+    def __repr__(self) -> str:
+        n_nodes = len(self._static["nodes"]["plan_index"])
+        n_values = len(self._static["values"]["value_id"])
+        return (f"Recording(steps={len(self)}, events={len(self._order)}, nodes={n_nodes}, "
+                f"values={n_values}, tables={self.tables})")
+
+    # ------------------------------------------------------------------ reading
+
+    def events(self) -> Iterator[Event]:
+        """Typed events (see `workbench.trace.events`), built lazily, in emission order."""
+        from .events import (
+            BufferEvent,
+            InPlaceAlias,
+            LivenessRow,
+            Materialized,
+            NodeExecuted,
+            StepBegan,
+            StepEnded,
+            TableRow,
+            ViewCreated,
+        )
+
+        t = self._t
+        s, ne, bu, vi, al, ma, lv = (t[k] for k in ("steps", "node_exec", "buffer", "view", "alias",
+                                                    "materialize", "liveness"))
+        generic = {g.code: (name, g.cols) for name, g in self._generic.items()}
+        pos = [0] * 8
+        gpos: dict[int, int] = {}
+        current = -1
+        for code in self._order:
+            if code >= GENERIC_CODE_BASE:
+                i = gpos.get(code, 0)
+                gpos[code] = i + 1
+                name, cols = generic[code]
+                row = {k: c[i] for k, c in cols.items()}
+                yield TableRow(name, row["step"], row)
+                continue
+            i = pos[code]
+            pos[code] = i + 1
+            if code == CODE_NODE:
+                yield NodeExecuted(ne["step"][i], ne["plan_index"][i], ne["mode"][i], ne["duration_s"][i])
+            elif code == CODE_BUFFER:
+                yield BufferEvent(*(bu[c][i] for c in TABLE_COLUMNS["buffer"]))
+            elif code == CODE_VIEW:
+                yield ViewCreated(vi["step"][i], vi["value_id"][i], vi["source_id"][i],
+                                  tuple(vi["shape"][i]), tuple(vi["strides"][i]),
+                                  vi["byte_offset"][i], vi["plan_index"][i])
+            elif code == CODE_ALIAS:
+                yield InPlaceAlias(*(al[c][i] for c in TABLE_COLUMNS["alias"]))
+            elif code == CODE_MATERIALIZE:
+                yield Materialized(*(ma[c][i] for c in TABLE_COLUMNS["materialize"]))
+            elif code == CODE_LIVENESS:
+                yield LivenessRow(*(lv[c][i] for c in TABLE_COLUMNS["liveness"]))
+            elif code == CODE_STEP_BEGAN:
+                current = s["step"][i]
+                yield StepBegan(current, s["slot"][i], s["phase"][i], s["bindings"][i])
+            else:  # CODE_STEP_ENDED: ends the step most recently begun
+                yield StepEnded(current, s["wall_s"][current], s["resident_peak_bytes"][current],
+                                s["extra"][current])
+
+    def steps(self) -> pd.DataFrame:
+        """One row per step; see `frames.steps_frame`."""
+        from .frames import steps_frame
+        return steps_frame(self)
+
+    def nodes(self) -> pd.DataFrame:
+        """The static plan-node table; see `frames.static_frame`."""
+        from .frames import static_frame
+        return static_frame(self, "nodes")
+
+    def values(self) -> pd.DataFrame:
+        """The static value table; see `frames.static_frame`."""
+        from .frames import static_frame
+        return static_frame(self, "values")
+
+    def views(self) -> pd.DataFrame:
+        """Zero-copy views; see `frames.views_frame`."""
+        from .frames import views_frame
+        return views_frame(self)
+
+    def liveness_frame(self) -> pd.DataFrame:
+        """Per-step value lifetimes; see `frames.liveness_frame`."""
+        from .frames import liveness_frame
+        return liveness_frame(self)
+
+    def buffer_events(self) -> pd.DataFrame:
+        """Buffer alloc/reuse/release/pin; see `frames.buffer_events_frame`."""
+        from .frames import buffer_events_frame
+        return buffer_events_frame(self)
+
+    def node_timings(self) -> pd.DataFrame:
+        """Node executions; see `frames.node_timings_frame`."""
+        from .frames import node_timings_frame
+        return node_timings_frame(self)
+
+    def aliases(self) -> pd.DataFrame:
+        """In-place writes; see `frames.aliases_frame`."""
+        from .frames import aliases_frame
+        return aliases_frame(self)
+
+    def materializations(self) -> pd.DataFrame:
+        """Copies kernels needed; see `frames.materializations_frame`."""
+        from .frames import materializations_frame
+        return materializations_frame(self)
+
+    def memory_summary(self, alignment: int = 64, heuristics: list[str] | None = None) -> pd.DataFrame:
+        """Per step: one-buffer-per-value vs planner peak vs lower bound; see `frames.memory_summary_frame`.
+
+        `heuristics` (default: all of `memory_planner.HEURISTICS`) trades planner
+        quality for speed on big plans, e.g. ``["size_first_fit"]``.
+        """
+        from .frames import memory_summary_frame
+        return memory_summary_frame(self, alignment, heuristics)
+
+    def memory_plan(self, step: int, alignment: int = 64, heuristics: list[str] | None = None) -> MemoryPlan:
+        """The activation-memory planner's layout for one step (offsets keyed by value id)."""
+        from ..executor.memory_planner import plan_offsets
+        from .memory import step_intervals
+        return plan_offsets(step_intervals(self, step), alignment, heuristics)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A generic table (from `add_row`), or a built-in table's raw id-based columns."""
+        from .frames import table_frame
+        return table_frame(self, name)
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: str) -> None:
+        """Write a directory: one parquet file per non-empty table + meta.json; see `storage`."""
+        from .storage import save_recording
+        save_recording(self, path)
+
+    @classmethod
+    def load(cls, path: str) -> Recording:
+        """Read a directory written by `save` (parquet + JSON only: no code is executed)."""
+        from .storage import load_recording
+        return load_recording(cls, path)
