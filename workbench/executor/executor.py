@@ -20,7 +20,7 @@ from ..session.options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shapes import bind_symbols, input_symbols, resolve
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
-from .views import geometry, is_view_of
+from .views import address, is_view_of
 
 
 def _bound_signature(bound: dict[int, Any]) -> tuple:
@@ -187,6 +187,7 @@ class Executor:
         released: dict[int, int] = {}
         pinned: set[int] = set()
         self._owners = dict(self.storage.owner)  # views that had to copy become owners
+        self._owner_address: dict[int, int] = {}
         for d in self._dispatch:
             self._dispatch_node(d, env, bindings, rec, released, pinned)
         if bound:
@@ -256,8 +257,12 @@ class Executor:
                 if rec is not None:
                     rec.buffer("pin", owner, 0, p.index)
             if rec is not None:
-                shape, strides, offset = geometry(r, self._env[owner])
-                rec.view(vid, owner, shape, strides, offset, p.index)
+                base = self._owner_address.get(owner)
+                if base is None:
+                    base = self._owner_address[owner] = address(self._env[owner])
+                itemsize = r.itemsize or 1
+                rec.view(vid, owner, r.shape, tuple(st // itemsize for st in r.strides),
+                         address(r) - base, p.index)
             return r
         r = self._adopt(p, vid, r, bindings)
         self._owners[vid] = vid
@@ -267,19 +272,21 @@ class Executor:
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
         sp = self.storage
+        owners = self._owners
+        buffers = self._buffers
+        first_def, last_use = sp.first_def, sp.last_use
         rows = []
         for vid, kind in sp.storage.items():
-            value = env[vid]
-            owner = self._owners.get(vid, vid)
+            owner = owners.get(vid, vid)
+            nbytes = 0
             if kind == VIEW and owner == vid:
                 kind = OWNER  # the layout op had to copy
-            if kind in (OWNER, INPUT, INITIALIZER):
-                buf = self._buffers.get(vid)
-                nbytes = int(getattr(value, "nbytes", 0) if value is not None else
-                             getattr(buf, "nbytes", 0))
-            else:
-                nbytes = 0
-            rows.append((vid, kind, owner, nbytes, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1),
+            if kind is OWNER or kind is INPUT or kind is INITIALIZER:
+                value = env[vid]
+                if value is None:
+                    value = buffers.get(vid)
+                nbytes = getattr(value, "nbytes", 0)
+            rows.append((vid, kind, owner, nbytes, first_def.get(vid, -1), last_use.get(vid, -1),
                          owner in pinned, released.get(owner, -1)))
         rec.liveness(rows)
 

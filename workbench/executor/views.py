@@ -22,9 +22,6 @@ def is_view_of(result: Any, source: Any) -> bool:
     return storage_root(result) is storage_root(source)
 
 
-def geometry(view: np.ndarray, owner: np.ndarray) -> tuple[tuple, tuple, int]:
-    """(shape, strides in elements, byte offset from the owner's first byte)."""
-    itemsize = view.itemsize or 1
-    strides = tuple(s // itemsize for s in view.strides)
-    offset = view.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
-    return tuple(view.shape), strides, int(offset)
+def address(a: Any) -> int:
+    """The address of an array's first element (byte offsets are differences of these)."""
+    return a.__array_interface__["data"][0]

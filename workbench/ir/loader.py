@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import ModelLoadError
+from .contrib_schemas import contrib_shape_inference
 from .graph import Graph, Node, Value
 
 ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
@@ -110,7 +111,8 @@ def prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
         except Exception as e:  # noqa: BLE001 - the inliner raises assorted C++ errors
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
     try:
-        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        with contrib_shape_inference(opset_map(proto)):
+            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are then resolved just in time
         pass
     return proto

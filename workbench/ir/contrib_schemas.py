@@ -1,0 +1,154 @@
+"""Shape inference for onnxruntime's ops that `onnx` does not know.
+
+ONNX shape inference stops at the first com.microsoft op (GroupQueryAttention,
+SkipSimplifiedLayerNormalization, ...) and everything downstream loses its
+shape, so nothing there could be preallocated, written in place or captured.
+These schemas teach onnx the output shapes of those ops; they are registered
+only for the duration of one `infer_shapes` call, so the process-wide onnx
+registry (and onnx.checker) is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import onnx
+from onnx import TensorProto, defs
+
+MS = "com.microsoft"
+_ANY = [f"tensor({t})" for t in ("float", "float16", "double", "bfloat16", "int64", "int32", "uint8",
+                                  "int8", "bool")]
+
+
+def _dims(ctx, i: int) -> list | None:
+    if i >= ctx.get_num_inputs() or not ctx.has_input(i):
+        return None
+    t = ctx.get_input_type(i)
+    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return list(t.tensor_type.shape.dim)
+
+
+def _elem(ctx, i: int) -> int:
+    t = ctx.get_input_type(i)
+    return t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
+
+
+def _set(ctx, out: int, elem: int, dims: list | None) -> None:
+    if out >= ctx.get_num_outputs() or not ctx.has_output(out):
+        return
+    t = onnx.TypeProto()
+    t.tensor_type.elem_type = elem
+    if dims is not None:
+        shape = t.tensor_type.shape
+        shape.SetInParent()
+        for d in dims:
+            new = shape.dim.add()
+            if isinstance(d, int):
+                new.dim_value = d
+            elif isinstance(d, str):
+                new.dim_param = d
+            elif d is not None:
+                new.CopyFrom(d)
+    ctx.set_output_type(out, t)
+
+
+def _attr(ctx, name: str, default):
+    a = ctx.get_attribute(name)
+    if a is None:
+        return default
+    return onnx.helper.get_attribute_value(a)
+
+
+def _same_as_input(ctx) -> None:
+    _set(ctx, 0, _elem(ctx, 0), _dims(ctx, 0))
+
+
+def _skip_norm(ctx) -> None:
+    dims = _dims(ctx, 0)
+    _set(ctx, 0, _elem(ctx, 0), dims)
+    stats = None if dims is None else dims[:-1] + [1]
+    _set(ctx, 1, TensorProto.FLOAT, stats)
+    _set(ctx, 2, TensorProto.FLOAT, stats)
+    _set(ctx, 3, _elem(ctx, 0), dims)
+
+
+def _simplified_norm(ctx) -> None:
+    dims = _dims(ctx, 0)
+    _set(ctx, 0, _elem(ctx, 1) or _elem(ctx, 0), dims)
+    if dims is not None:
+        axis = _attr(ctx, "axis", -1) % len(dims)
+        stats = dims[:axis] + [1] * (len(dims) - axis)
+        _set(ctx, 1, _attr(ctx, "stash_type", TensorProto.FLOAT), stats)
+
+
+def _matmul_nbits(ctx) -> None:
+    dims = _dims(ctx, 0)
+    _set(ctx, 0, _elem(ctx, 0), None if dims is None else dims[:-1] + [int(_attr(ctx, "N", 0))])
+
+
+def _gqa(ctx) -> None:
+    q = _dims(ctx, 0)
+    heads, kv_heads = int(_attr(ctx, "num_heads", 0)), int(_attr(ctx, "kv_num_heads", 0))
+    packed = not ctx.has_input(1) if ctx.get_num_inputs() > 1 else True
+    out = None
+    if q is not None and len(q) == 3 and q[2].HasField("dim_value") and heads:
+        hidden = q[2].dim_value
+        head_size = hidden // (heads + 2 * kv_heads) if packed else hidden // heads
+        out = [q[0], q[1], heads * head_size]
+    _set(ctx, 0, _elem(ctx, 0), out)
+    past = _dims(ctx, 3)
+    # present's length is max(past, total_sequence_length): leave it to the declared output
+    present = None if past is None else [past[0], past[1], None, past[3]]
+    _set(ctx, 1, _elem(ctx, 0), present)
+    _set(ctx, 2, _elem(ctx, 0), present)
+
+
+# (op, domain, n inputs, n outputs, inference)
+_SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
+    ("GroupQueryAttention", MS, 17, 4, _gqa),
+    ("SkipSimplifiedLayerNormalization", MS, 4, 4, _skip_norm),
+    ("SkipLayerNormalization", MS, 5, 4, _skip_norm),
+    ("RotaryEmbedding", MS, 4, 1, _same_as_input),
+    ("MatMulNBits", MS, 6, 1, _matmul_nbits),
+    ("FastGelu", MS, 2, 1, _same_as_input),
+    ("QuickGelu", MS, 1, 1, _same_as_input),
+    ("SimplifiedLayerNormalization", "", 2, 2, _simplified_norm),
+]
+
+
+def _schema(op: str, domain: str, n_in: int, n_out: int, infer: Callable) -> defs.OpSchema:
+    param = defs.OpSchema.FormalParameter
+    optional = defs.OpSchema.FormalParameterOption.Optional
+    inputs = [param(f"input{i}", "T", param_option=optional) for i in range(n_in)]
+    outputs = [param(f"output{i}", "T", param_option=optional) for i in range(n_out)]
+    schema = defs.OpSchema(op, domain, 1, inputs=inputs, outputs=outputs,
+                           type_constraints=[("T", _ANY, "any tensor")])
+    schema.set_type_and_shape_inference_function(infer)
+    return schema
+
+
+@contextlib.contextmanager
+def contrib_shape_inference(opsets: dict[str, int]) -> Iterator[None]:
+    """Register the schemas onnx lacks for the duration of the block."""
+    added = []
+    for op, domain, n_in, n_out, infer in _SCHEMAS:
+        if domain not in opsets:
+            continue
+        try:
+            defs.get_schema(op, opsets[domain], domain)
+            continue  # onnx knows it already (e.g. a newer onnx)
+        except defs.SchemaError:
+            pass
+        try:
+            defs.register_schema(_schema(op, domain, n_in, n_out, infer))
+            added.append((op, domain))
+        except Exception:  # noqa: BLE001 - another thread registered it: fine
+            continue
+    try:
+        yield
+    finally:
+        for op, domain in added:
+            with contextlib.suppress(Exception):
+                defs.deregister_schema(op, 1, domain)
