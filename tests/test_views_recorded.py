@@ -23,13 +23,14 @@ def test_layout_ops_copy_nothing_but_the_listed_materialisations(flavor):
     rec = session.recording
     step = rec.steps().query("phase == 'decode'").step.iloc[-1]
     layout = set(rec.nodes().query("produces_view").plan_index)
-    executed = set(rec.node_timings().query("step == @step").plan_index) & layout
+    timings = rec.node_timings()
+    executed = set(timings[timings.step == step].plan_index) & layout
     if flavor == "onnx":
         assert executed, "the standard-ops llama has layout ops"
     # (the genai flavour fuses them away: then nothing may be copied at all)
-    views = rec.views().query("step == @step")
-    copies = rec.materializations().query("step == @step")
-    live = rec.liveness().query("step == @step").set_index("value")
+    views = rec.views()[lambda f: f.step == step]
+    copies = rec.materializations()[lambda f: f.step == step]
+    live = rec.liveness()[lambda f: f.step == step].set_index("value")
     nodes = rec.nodes().set_index("plan_index")
     for plan_index in executed:
         for out in nodes.loc[plan_index, "outputs"]:
@@ -56,7 +57,7 @@ def test_views_pin_their_source_and_strides_walk_it():
     views = rec.views()
     pins = rec.buffer_events().query("event == 'pin'")
     for step, group in views.groupby("step"):
-        assert set(group.source_id) <= set(pins.query("step == @step").value_id)
+        assert set(group.source_id) <= set(pins[pins.step == step].value_id)
     live = rec.liveness()
     pinned_owners = set(live[live.pinned].owner_id)
     assert set(views.source_id) <= pinned_owners
