@@ -1,5 +1,9 @@
+import os
 import sys
 from pathlib import Path
+
+# every decode-plan memo replay in the suite is checked against a full resolve
+os.environ.setdefault("WORKBENCH_DECODE_MEMO_VERIFY", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -34,3 +34,7 @@ class KernelError(WorkbenchError):
 
 class BackendUnavailableError(WorkbenchError):
     """The requested backend (e.g. CUDA) cannot be used on this machine."""
+
+
+class MemoVerifyError(WorkbenchError):
+    """Verify mode caught the decode-plan memo replaying something a full resolve disagrees with."""

@@ -14,9 +14,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, WorkbenchError
+from ..errors import KernelError, MemoVerifyError, WorkbenchError
 from ..ir.graph import Graph
 from ..session.options import SessionOptions
+from .memo import (
+    STAGE2_MISMATCH_LIMIT,
+    DecodePlanMemo,
+    MemoStats,
+    ViewPlan,
+    growth_transition,
+    shape_mentions,
+    signature_diff,
+    why_not_growth,
+)
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shapes import bind_symbols, input_symbols, resolve
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
@@ -38,7 +48,7 @@ class _Dispatch:
 
     p: PlanNode
     outs: list  # preallocated output arrays (None: resolved just in time)
-    lazy: tuple  # (slot, buffer owner, shape, dtype) fetched each run (release mode)
+    lazy: tuple  # (slot, buffer owner, value, dtype) fetched each run (release mode)
     dynamic: tuple  # (slot, value id) resolved from just-in-time symbols
     view: bool  # may return a zero-copy view of input 0
     release: tuple  # owner ids whose storage dies after this node
@@ -70,6 +80,20 @@ class Executor:
         self._peak = 0
         self._signature: Any = object()
         self._dispatch: list[_Dispatch] = []
+        self._shapes: dict[int, tuple | None] = {}  # the persistent working shape map
+        self._slots: list[tuple[int, int, int, int]] = []
+        self._variant_slots: list[tuple[int, int, int, int]] = []
+        self._bound_slots: dict[int, tuple[int, int]] = {}
+        # decode-plan memo (Stage 1) and cached view plan (Stage 2)
+        self.memo: DecodePlanMemo | None = None
+        self.memo_stats = MemoStats()
+        self._prev_bindings: dict[str, int] | None = None
+        self._prev_signature: tuple | None = None
+        self._view_plan: ViewPlan | None = None
+        self._stage2_streak = 0
+        self._stage2_latched = False
+        self._observed: dict[int, tuple] = {}
+        self._signature_cache: dict[tuple, tuple] = {}
         self.storage: StoragePlan | None = None
         #: plan indices whose preallocated outputs had to be dropped (shape inference disagreed)
         self.jit_forced: set[int] = set()
@@ -105,16 +129,14 @@ class Executor:
             env[vid] = None
         released[owner] = plan_index
 
-    # -- preparing a binding signature ------------------------------------------------
+    # -- preparing a step: full resolve, or a decode-plan memo replay ---------------
 
-    def _prepare(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        """Resolve shapes, lay out storage and preallocate outputs for this signature."""
+    def _full_prepare(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
+        """Resolve every shape, lay out storage and preallocate outputs."""
         values = self.graph.values
         opts = self.options
-        shapes: dict[int, tuple | None] = {}
-        for v in values:
-            if v.dtype is not None and not self.jit_only:
-                shapes[v.id] = resolve(v.shape, bindings)
+        self._shapes = shapes = {v.id: resolve(v.shape, bindings) for v in values
+                                 if v.dtype is not None and not self.jit_only}
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
         release = opts.release_dead_values and not self.jit_only
@@ -123,6 +145,8 @@ class Executor:
             release=release, shapes=shapes, protected=set(self.graph.outputs) | set(bound),
         )
         self._dispatch = []
+        self._slots: list[tuple[int, int, int, int]] = []  # (node, slot, value, owner) preallocated
+        self._bound_slots: dict[int, tuple[int, int]] = {}
         for p in self.plan.nodes:
             outs: list = []
             lazy, dynamic = [], []
@@ -133,25 +157,176 @@ class Executor:
                     continue
                 if vid in bound:
                     outs[j] = bound[vid]
+                    self._bound_slots[vid] = (p.index, j)
                     continue
                 v = values[vid]
                 if (self.jit_only or v.dtype is None or v.shape is None or view
                         or p.spec.kind == "host_fallback" or p.index in self.jit_forced):
                     continue
-                shape = shapes.get(vid)
                 owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
-                if shape is None:
+                if shapes.get(vid) is None:
                     if not any(isinstance(d, str) and d in self._untrusted for d in v.shape):
                         dynamic.append((j, vid))
                 elif release:
-                    lazy.append((j, owner, shape, v.dtype))
+                    lazy.append((j, owner, vid, v.dtype))
                 else:
-                    outs[j] = self._buffer(owner, shape, v.dtype, p.index)
+                    outs[j] = self._buffer(owner, shapes[vid], v.dtype, p.index)
+                    self._slots.append((p.index, j, vid, owner))
             self._dispatch.append(_Dispatch(
                 p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
                 release=tuple(sp.release_after.get(p.index, ())),
                 contiguous=p.spec.contiguous_inputs,
             ))
+
+    def _replay_prepare(self, memo: DecodePlanMemo, bindings: dict[str, int], bound: dict[int, Any]) -> None:
+        """Stage 1 replay: keep the invariant partition, re-substitute only the variant tail."""
+        values, shapes = self.graph.values, self._shapes
+        for vid in memo.variant:
+            shapes[vid] = resolve(values[vid].shape, bindings)
+        for vid, arr in bound.items():
+            shapes[vid] = tuple(arr.shape)
+            k, j = self._bound_slots[vid]
+            self._dispatch[k].outs[j] = arr
+        for k, j, vid, owner in self._variant_slots:
+            self._dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
+        if self.options.decode_memo_verify:
+            self._verify_replay(bindings, bound)
+
+    def _verify_replay(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
+        for v in self.graph.values:
+            if v.dtype is None or v.id in bound:
+                continue
+            fresh = resolve(v.shape, bindings)
+            if self._shapes.get(v.id) != fresh:
+                raise MemoVerifyError(
+                    f"decode-plan memo replayed shape {self._shapes.get(v.id)} for value {v.name!r} "
+                    f"but a full resolve gives {fresh} (bindings {bindings})"
+                )
+        self.memo_stats.verified += 1
+
+    def _memo_signature(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:
+        """Caller-bound I/O, length-abstracted: value, role, dtype, declared symbolic shape."""
+        key = (tuple((v, getattr(a, "dtype", None)) for v, a in feeds.items()),
+               tuple((v, a.dtype) for v, a in bound.items()))
+        cached = self._signature_cache.get(key)
+        if cached is None:
+            cached = self._signature_cache[key] = self._describe_bindings(feeds, bound)
+        return cached
+
+    def _describe_bindings(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:
+        values = self.graph.values
+        sig = [(values[v].name, "input", str(getattr(a, "dtype", "")), values[v].shape) for v, a in feeds.items()]
+        sig += [(values[v].name, "output", str(a.dtype), values[v].shape) for v, a in bound.items()]
+        return tuple(sorted(sig, key=lambda r: (r[0], r[1])))
+
+    def _plan_step(self, feeds: dict[int, Any], bindings: dict[str, int],
+                   bound: dict[int, Any]) -> tuple[str, str]:
+        """Prepare this step; returns the memo action and its reason."""
+        exact = (tuple(bindings.items()), _bound_signature(bound))
+        if not self.options.decode_memo:
+            if exact != self._signature:
+                self._full_prepare(bindings, bound)
+                self._signature = exact
+            self._view_plan = None
+            return "disabled", "decode memo off"
+        signature = self._memo_signature(feeds, bound)
+        memo = self.memo
+        why = memo.mismatch(bindings, signature) if memo is not None else None
+        if memo is not None and why is None:
+            stage2 = self._stage2_guard()
+            if stage2 is None:
+                self._replay_prepare(memo, bindings, bound)
+                self._signature = exact
+                self._prev_bindings, self._prev_signature = dict(bindings), signature
+                return "replayed", "bindings match the memo"
+            why = stage2
+        prev, prev_sig = self._prev_bindings, self._prev_signature
+        self._prev_bindings, self._prev_signature = dict(bindings), signature
+        self._view_plan = None  # invalidated on every non-replay step
+        if exact != self._signature or memo is not None:
+            self._full_prepare(bindings, bound)
+            self._signature = exact
+        if prev is not None and prev_sig == signature and growth_transition(prev, bindings):
+            self._build_memo(prev, bindings, signature)
+            return "rebuilt", why or "growth transition"
+        self.memo = None
+        if prev is None:
+            return "primed", "first observation"
+        if prev_sig != signature:
+            return "primed", "binding signature changed: " + signature_diff(prev_sig, signature)
+        return "primed", why or why_not_growth(prev, bindings)
+
+    def _build_memo(self, prev: dict[str, int], bindings: dict[str, int], signature: tuple) -> None:
+        varying = frozenset(s for s, v in bindings.items() if prev[s] != v)
+        invariant, variant = {}, []
+        for vid, shape in self._shapes.items():
+            if shape_mentions(self.graph.values[vid].shape, varying):
+                variant.append(vid)
+            else:
+                invariant[vid] = shape
+        self.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
+        variant_set = set(variant)
+        self._variant_slots = [s for s in self._slots if s[2] in variant_set or s[3] in variant_set]
+
+    # -- Stage 2: the cached view plan ---------------------------------------------------
+
+    def _stage2_guard(self) -> str | None:
+        """None when the validated view plan's source buffers are where they were."""
+        plan = self._view_plan
+        if plan is None or not plan.validated:
+            return None
+        for owner, (addr, cap) in plan.sources.items():
+            buf = self._buffers.get(owner, self._env[owner] if owner in self.graph.initializers else None)
+            if buf is None or address(buf) != addr or buf.nbytes != cap:
+                self._stage2_streak += 1
+                self.memo_stats.stage2_mismatches += 1
+                if self._stage2_streak >= STAGE2_MISMATCH_LIMIT:
+                    self._stage2_latched = self.memo_stats.stage2_latched = True
+                name = self.graph.values[owner].name
+                return f"view plan source {name!r} moved or resized"
+        self._stage2_streak = 0
+        return None
+
+    def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
+        """Build candidates after a rebuild; validate them on the next replay."""
+        if self._stage2_latched or not self.options.views:
+            self._view_plan = None
+            return
+        if action == "rebuilt":
+            self._view_plan = self._candidate_view_plan(observed)
+        elif action == "replayed" and self._view_plan is not None and not self._view_plan.validated:
+            plan = self._view_plan
+            same = all(vid in observed and observed[vid][1:] == geo[1:] for vid, geo in plan.views.items())
+            if same:
+                plan.views = {vid: observed[vid] for vid in plan.views}
+                plan.validated = True
+            else:
+                self._view_plan = None
+
+    def _candidate_view_plan(self, observed: dict[int, tuple]) -> ViewPlan | None:
+        memo = self.memo
+        nodes, views, sources = set(), {}, {}
+        for p in self.plan.nodes:
+            if not (p.spec.produces_view and self.options.views):
+                continue
+            outs = [v for v in p.outputs if v >= 0]
+            if not outs or any(v not in memo.invariant or v not in observed for v in outs):
+                continue
+            owners = {observed[v][1] for v in outs}
+            if not all(o in self._buffers or o in self.graph.initializers for o in owners):
+                continue  # views of caller feeds or just-in-time arrays: their storage is not ours
+            nodes.add(p.index)
+            for v in outs:
+                views[v] = observed[v]
+            for o in owners:
+                buf = self._buffers.get(o, self._env[o])
+                sources[o] = (address(buf), buf.nbytes)
+        return ViewPlan(frozenset(nodes), views, sources) if nodes else None
+
+    def memo_state(self) -> str:
+        if self._stage2_latched:
+            return "latched"
+        return self._view_plan.state if self._view_plan is not None else "none"
 
     # -- running --------------------------------------------------------------------
 
@@ -168,34 +343,86 @@ class Executor:
         bound = bound_outputs or {}
         rec = self.recording
         t_start = time.perf_counter()
+        action = reason = ""
         if self.jit_only:
             bindings: dict[str, int] = {}
+            if self.options.decode_memo:
+                self.memo_stats.ineligible += 1  # a nested control-flow body
             if self._signature is not None:
-                self._prepare(bindings, bound)
+                self._full_prepare(bindings, bound)
                 self._signature = None
         else:
             bindings = bind_symbols(self.graph, feeds)
             if rec is not None:
                 rec.begin_step(slot=slot, phase=phase, bindings=dict(bindings))
             self._peak = self._resident
-            signature = (tuple(bindings.items()), _bound_signature(bound))
-            if signature != self._signature:
-                self._prepare(bindings, bound)
-                self._signature = signature
+            action, reason = self._plan_step(feeds, bindings, bound)
+            setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)
             bindings = dict(bindings)  # just-in-time symbols join it during this run
+        resolve_s = time.perf_counter() - t_start
         self.last_bindings = bindings
         released: dict[int, int] = {}
         pinned: set[int] = set()
         self._owners = dict(self.storage.owner)  # views that had to copy become owners
         self._owner_address: dict[int, int] = {}
+        self._observed = observed = {}
+        plan = self._view_plan
+        elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
         for d in self._dispatch:
-            self._dispatch_node(d, env, bindings, rec, released, pinned)
+            if d.p.index in elide:
+                self._reinstate_views(d.p, plan, env, rec, pinned)
+            else:
+                self._dispatch_node(d, env, bindings, rec, released, pinned)
         if bound:
             self._fill_bound(env, bound)
-        if rec is not None and not self.jit_only:
+        if self.jit_only:
+            return env
+        self._stage2_after_run(action, observed)
+        if elide:
+            self.memo_stats.dispatch_elided += len(elide)
+            self.memo_stats.views_reused += sum(len(self.plan.nodes[k].outputs) for k in elide)
+        if rec is not None:
+            self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(elide))
             self._emit_liveness(rec, env, released, pinned)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         return env
+
+    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> None:
+        """Stage 2: the node's views are as they were; put them back without dispatching."""
+        if self.options.decode_memo_verify:
+            fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
+        for j, vid in enumerate(p.outputs):
+            if vid < 0:
+                continue
+            view, owner, shape, strides, offset = plan.views[vid]
+            if self.options.decode_memo_verify and not (
+                    is_view_of(fresh[j], view) and address(fresh[j]) == address(view)
+                    and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
+                raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
+            env[vid] = view
+            self._owners[vid] = owner
+            if owner not in pinned:
+                pinned.add(owner)
+                if rec is not None:
+                    rec.buffer("pin", owner, 0, p.index)
+            if rec is not None:
+                rec.view(vid, owner, shape, strides, offset, p.index)
+        if rec is not None:
+            rec.node(p.index, "elided", 0.0)
+
+    def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
+                       resolve_s: float, elided: int) -> None:
+        memo = self.memo
+        rec.add_row(
+            "memo", slot=slot, phase=phase, action=action, reason=reason,
+            varying=sorted(memo.varying) if memo is not None else [],
+            invariant_values=len(memo.invariant) if memo is not None else 0,
+            variant_values=len(memo.variant) if memo is not None else 0,
+            resolve_ms=resolve_s * 1e3, stage2=self.memo_state(),
+            views_reused=sum(len(self.plan.nodes[k].outputs) for k in self._view_plan.nodes)
+            if elided else 0,
+            dispatch_elided=elided, mismatch_streak=self._stage2_streak,
+        )
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
                        released: dict[int, int], pinned: set[int]) -> None:
@@ -204,8 +431,8 @@ class Executor:
         outs = d.outs
         if d.lazy or d.dynamic:
             outs = list(outs)
-            for j, owner, shape, dtype in d.lazy:
-                outs[j] = self._buffer(owner, shape, dtype, p.index)
+            for j, owner, vid, dtype in d.lazy:
+                outs[j] = self._buffer(owner, self._shapes[vid], dtype, p.index)
             for j, vid in d.dynamic:
                 v = self.graph.values[vid]
                 shape = resolve(v.shape, bindings)
@@ -256,13 +483,14 @@ class Executor:
                 pinned.add(owner)
                 if rec is not None:
                     rec.buffer("pin", owner, 0, p.index)
+            base = self._owner_address.get(owner)
+            if base is None:
+                base = self._owner_address[owner] = address(self._env[owner])
+            itemsize = r.itemsize or 1
+            geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
+            self._observed[vid] = (r, owner, *geometry)
             if rec is not None:
-                base = self._owner_address.get(owner)
-                if base is None:
-                    base = self._owner_address[owner] = address(self._env[owner])
-                itemsize = r.itemsize or 1
-                rec.view(vid, owner, r.shape, tuple(st // itemsize for st in r.strides),
-                         address(r) - base, p.index)
+                rec.view(vid, owner, *geometry, p.index)
             return r
         r = self._adopt(p, vid, r, bindings)
         self._owners[vid] = vid

@@ -114,6 +114,9 @@ def _in_place_candidate(p: Any, sp: StoragePlan, storage_end: dict[int, int],
             continue  # a view pins it, or some sharer is still read later
         if x in p.inputs[pos + 1:] or x in p.inputs[:pos]:
             continue  # read twice by this node
-        if shapes.get(x) == shapes[y] and p.info.input_dtypes[pos] == y_dtype:
+        # symbolically equal too, so the decision holds for every binding of the
+        # same symbols (the decode-plan memo reuses this plan across steps)
+        if (shapes.get(x) == shapes[y] and p.info.input_dtypes[pos] == y_dtype
+                and p.info.input_shapes[pos] == p.info.output_shapes[0]):
             return (0, pos)
     return None

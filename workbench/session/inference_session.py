@@ -97,6 +97,10 @@ class InferenceSession:
     def plan(self):
         return self.executor.plan
 
+    def memo_stats(self) -> dict:
+        """Counters of the decode-plan memo: primed, rebuilt, replayed, views reused, ..."""
+        return self.executor.memo_stats.as_dict()
+
     def fallback_nodes(self) -> list[tuple[str, str, str]]:
         """(node name, domain, op_type) of every node that runs on the host fallback."""
         return [(p.node.name, p.node.domain, p.node.op_type) for p in self.plan.fallback_nodes()]

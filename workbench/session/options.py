@@ -36,6 +36,12 @@ class SessionOptions:
     #: free a buffer after its last reader; off by default because device-graph
     #: capture needs stable addresses (WORKBENCH_RELEASE_DEAD_VALUES)
     release_dead_values: bool = _flag("WORKBENCH_RELEASE_DEAD_VALUES", False)
+    #: decode-plan memo: replay invariant shapes and cached views across decode steps
+    #: (WORKBENCH_DECODE_MEMO)
+    decode_memo: bool = _flag("WORKBENCH_DECODE_MEMO", True)
+    #: re-resolve every replayed step in full and raise on any difference
+    #: (WORKBENCH_DECODE_MEMO_VERIFY; the test suite turns it on)
+    decode_memo_verify: bool = _flag("WORKBENCH_DECODE_MEMO_VERIFY", False)
 
 
 @dataclass

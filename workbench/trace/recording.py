@@ -437,6 +437,26 @@ class Recording:
         from .frames import table_frame
         return table_frame(self, name)
 
+    def memo_timeline(self) -> pd.DataFrame:
+        """One row per run: what the decode-plan memo did.
+
+        Columns: `step, slot, phase` (prefill/decode/verify), `action` (disabled,
+        primed, rebuilt, replayed, ineligible), `reason` (e.g. "first observation",
+        "non-varying symbol past_sequence_length changed 7->8"), `varying` (symbols
+        seen to change), `invariant_values`, `variant_values`, `resolve_ms` (shape
+        resolution time), `stage2` (none/candidate/validated/latched),
+        `views_reused`, `dispatch_elided`, `mismatch_streak`. Empty (with these
+        columns) when nothing was recorded.
+        """
+        import pandas as pd
+
+        columns = ["step", "slot", "phase", "action", "reason", "varying", "invariant_values",
+                   "variant_values", "resolve_ms", "stage2", "views_reused", "dispatch_elided",
+                   "mismatch_streak"]
+        if "memo" not in self._generic:
+            return pd.DataFrame(columns=columns)
+        return self.table("memo")[columns]
+
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str) -> None:

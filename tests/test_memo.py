@@ -1,0 +1,176 @@
+"""Decode-plan memo (Stage 1) and cached view plan (Stage 2): the timeline, token
+exactness in every mode, and adversarial cases where the memo must not serve stale state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import workbench
+from workbench import Generator, SessionOptions, models
+from workbench.errors import MemoVerifyError
+
+BUILT_IN = {
+    "gpt2": lambda: models.gpt2("tiny"),
+    "llama-onnx": lambda: models.llama("tiny", flavor="onnx"),
+    "llama-genai": lambda: models.llama("tiny", flavor="genai"),
+    "llama-genai-int4": lambda: models.llama("tiny", flavor="genai", quant="int4"),
+    "phi3": lambda: models.phi3("tiny"),
+}
+PROMPT = list(range(3, 11))
+
+
+def _session(name, **options):
+    return workbench.InferenceSession(BUILT_IN[name]().SerializeToString(), options=SessionOptions(**options))
+
+
+def _decode(session, tokens=64, kv="auto"):
+    return Generator(session).generate(PROMPT, tokens, kv=kv, progress=False, eos_token_id=-1)
+
+
+@pytest.mark.parametrize("name", list(BUILT_IN))
+def test_timeline_primes_rebuilds_then_replays_every_step(name):
+    session = _session(name)
+    _decode(session)
+    timeline = session.recording.memo_timeline()
+    assert timeline.action.tolist() == ["primed", "primed", "rebuilt"] + ["replayed"] * 61
+    assert timeline.phase.tolist() == ["prefill"] + ["decode"] * 63
+    assert timeline.reason.tolist()[:3] == [
+        "first observation", "not a growth transition: sequence_length 8->1", "growth transition"]
+    rebuilt = timeline.iloc[2]
+    assert "total_sequence_length" in rebuilt.varying and "sequence_length" not in rebuilt.varying
+    assert rebuilt.invariant_values > rebuilt.variant_values > 0
+    has_views = session.recording.nodes().produces_view.any()
+    stage2 = timeline.stage2.tolist()
+    if has_views:
+        assert stage2[:4] == ["none", "none", "candidate", "validated"]
+        assert set(stage2[4:]) == {"validated"}
+        assert (timeline.dispatch_elided.iloc[4:] > 0).all() and timeline.dispatch_elided.iloc[:4].sum() == 0
+        elided = session.recording.node_timings().query("mode == 'elided'")
+        assert set(elided.step) == set(range(4, 64))
+    else:
+        assert set(stage2) == {"none"}  # no layout ops: nothing to cache
+    stats = session.memo_stats()
+    assert (stats["primed"], stats["rebuilt"], stats["replayed"]) == (2, 1, 61)
+    assert stats["verified"] == 61  # the suite runs with WORKBENCH_DECODE_MEMO_VERIFY=1
+
+
+@pytest.mark.parametrize("kv", ["growing", "fixed"])
+@pytest.mark.parametrize("name", list(BUILT_IN))
+def test_token_exact_memo_on_off_and_verify(name, kv):
+    runs = {
+        label: _decode(_session(name, **opts), kv=kv).tokens
+        for label, opts in (("off", {"decode_memo": False}),
+                            ("on", {"decode_memo": True, "decode_memo_verify": False}),
+                            ("verify", {"decode_memo": True, "decode_memo_verify": True}))
+    }
+    assert runs["on"] == runs["off"] == runs["verify"]
+
+
+def test_memo_off_says_disabled():
+    session = _session("gpt2", decode_memo=False)
+    _decode(session, tokens=4)
+    assert set(session.recording.memo_timeline().action) == {"disabled"}
+
+
+def test_env_switch(monkeypatch):
+    for raw, expected in (("0", False), ("false", False), ("OFF", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("WORKBENCH_DECODE_MEMO", raw)
+        assert SessionOptions().decode_memo is expected
+
+
+def test_resolution_is_cheaper_on_replay_steps():
+    session = _session("llama-onnx", decode_memo_verify=False)
+    _decode(session, tokens=32)
+    timeline = session.recording.memo_timeline()
+    replay = timeline[timeline.action == "replayed"].resolve_ms.median()
+    full = timeline[timeline.action != "replayed"].resolve_ms.median()
+    assert replay < full
+
+
+# -- adversarial -------------------------------------------------------------------
+
+
+def test_symbol_wrongly_believed_invariant_forces_a_rebuild():
+    session = _session("gpt2")
+    gen = Generator(session)
+    reference = _decode(_session("gpt2", decode_memo=False), tokens=12).tokens
+    executor = session.executor
+    original = executor._build_memo
+
+    def forgetful_build(prev, bindings, signature):
+        original(prev, bindings, signature)
+        # pretend the KV length never varies: the guard must catch its next change
+        executor.memo.varying = frozenset({"total_sequence_length"})
+
+    executor._build_memo = forgetful_build
+    got = gen.generate(PROMPT, 12, progress=False, eos_token_id=-1)
+    assert got.tokens == reference
+    timeline = session.recording.memo_timeline()
+    assert "replayed" not in set(timeline.action)
+    assert any(r.startswith("non-varying symbol past_sequence_length changed") for r in timeline.reason)
+
+
+def test_moved_stage2_source_forces_a_rebuild_and_latches_after_two():
+    session = _session("llama-onnx")
+    gen = Generator(session)
+    reference = _decode(_session("llama-onnx", decode_memo=False), tokens=16).tokens
+    executor = session.executor
+    original_run = executor.run
+    steps = []
+
+    def run_and_move(*args, **kwargs):
+        env = original_run(*args, **kwargs)
+        steps.append(executor.memo_state())
+        plan = executor._view_plan
+        if plan is not None and plan.validated and len(steps) >= 5:
+            for owner in plan.sources:  # the buffer moves: same shape, new address
+                executor._buffers[owner] = executor._buffers[owner].copy()
+        return env
+
+    executor.run = run_and_move
+    got = gen.generate(PROMPT, 16, progress=False, eos_token_id=-1)
+    assert got.tokens == reference
+    timeline = session.recording.memo_timeline()
+    moved = timeline[timeline.reason.str.contains("moved or resized")]
+    assert len(moved) == 2
+    assert (moved.action == "rebuilt").all()
+    assert timeline.stage2.iloc[-1] == "latched" and session.memo_stats()["stage2_latched"]
+    assert timeline.mismatch_streak.max() == 2
+
+
+def test_verify_mode_catches_an_injected_wrong_replay():
+    session = _session("gpt2", decode_memo_verify=True)
+    gen = Generator(session)
+    executor = session.executor
+    original = executor._build_memo
+
+    def corrupting_build(prev, bindings, signature):
+        original(prev, bindings, signature)
+        vid = next(v for v, shape in executor.memo.invariant.items() if shape and len(shape) == 3)
+        executor.memo.invariant[vid] = executor._shapes[vid] = (9, 9, 9)  # a wrong replayed shape
+
+    executor._build_memo = corrupting_build
+    with pytest.raises(MemoVerifyError, match="replayed shape \\(9, 9, 9\\)"):
+        gen.generate(PROMPT, 6, progress=False, eos_token_id=-1)
+
+
+def test_batch_size_change_mid_decode_rebuilds():
+    session = _session("gpt2")
+    cfg = models.config_of(models.gpt2("tiny"))
+
+    def step(batch, past_len):
+        feeds = {"input_ids": np.full((batch, 1), 5, np.int64),
+                 "attention_mask": np.ones((batch, past_len + 1), np.int64),
+                 "position_ids": np.full((batch, 1), past_len, np.int64)}
+        feeds.update(cfg.empty_past(batch, past_len))
+        return session.run(None, feeds)
+
+    for past in (4, 5, 6, 7):
+        step(1, past)
+    out = step(2, 8)
+    timeline = session.recording.memo_timeline()
+    assert timeline.action.tolist()[:4] == ["primed", "rebuilt", "replayed", "replayed"]
+    assert timeline.action.iloc[4] != "replayed"
+    assert timeline.reason.iloc[4] == "non-varying symbol batch_size changed 1->2"
+    assert out[0].shape == (2, 1, cfg.vocab)

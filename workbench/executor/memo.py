@@ -1,0 +1,120 @@
+"""Decode-plan memo (Stage 1) and cached view plan (Stage 2).
+
+Shape resolution is a pure function of the symbol bindings. In steady one-token
+decode only the length symbols move, so every value whose symbolic shape names
+none of them resolves identically step after step. Stage 1 keeps that invariant
+partition and re-substitutes only the variant tail. It is sound by its guard
+(`DecodePlanMemo.mismatch`): a step replays only if it binds the same symbols,
+agrees on every symbol not observed to vary, and presents the same
+length-abstracted binding signature — so a symbol wrongly believed invariant
+forces a rebuild the first time it changes, and a stale shape is never served.
+
+Stage 2 goes one further for pure layout nodes whose outputs are invariant: once
+their views are seen identical on two real steps, a replay reinstates the views
+and skips dispatching those nodes, guarded by the (address, capacity) of every
+source buffer they alias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: consecutive Stage-2 signature mismatches after which the view plan is latched off
+STAGE2_MISMATCH_LIMIT = 2
+
+
+def growth_transition(prev: dict[str, int], cur: dict[str, int]) -> bool:
+    """Same symbols, at least one grew, none shrank: steady autoregressive decode."""
+    if prev.keys() != cur.keys():
+        return False
+    grew = False
+    for sym, value in cur.items():
+        if value < prev[sym]:
+            return False
+        grew |= value > prev[sym]
+    return grew
+
+
+def why_not_growth(prev: dict[str, int], cur: dict[str, int]) -> str:
+    if prev.keys() != cur.keys():
+        return "symbol set changed"
+    shrank = [f"{s} {prev[s]}->{v}" for s, v in cur.items() if v < prev[s]]
+    if shrank:
+        return "not a growth transition: " + ", ".join(shrank)
+    return "not a growth transition: no symbol grew"
+
+
+@dataclass
+class DecodePlanMemo:
+    reference: dict[str, int]  # bindings the invariant partition was built under
+    varying: frozenset[str]  # symbols seen to change between two real steps
+    invariant: dict[int, tuple | None]  # value id -> resolved shape, replayed verbatim
+    variant: list[int]  # value ids re-substituted every replay
+    signature: tuple  # length-abstracted caller-bound I/O signature
+
+    def mismatch(self, bindings: dict[str, int], signature: tuple) -> str | None:
+        """None when this step may replay, else the reason it may not."""
+        if signature != self.signature:
+            return "binding signature changed: " + signature_diff(self.signature, signature)
+        if bindings.keys() != self.reference.keys():
+            return "symbol set changed"
+        for sym, value in bindings.items():
+            ref = self.reference[sym]
+            if value != ref and sym not in self.varying:
+                return f"non-varying symbol {sym} changed {ref}->{value}"
+        return None
+
+
+def signature_diff(old: tuple, new: tuple) -> str:
+    old_map = {(name, role): rest for name, role, *rest in old}
+    new_map = {(name, role): rest for name, role, *rest in new}
+    for key in sorted(old_map.keys() | new_map.keys()):
+        if key not in new_map:
+            return f"{key[0]} no longer bound"
+        if key not in old_map:
+            return f"{key[0]} newly bound"
+        if old_map[key][0] != new_map[key][0]:
+            return f"{key[0]} dtype"
+        if old_map[key] != new_map[key]:
+            return f"{key[0]} declared shape"
+    return "unknown"
+
+
+def shape_mentions(shape: tuple | None, symbols: frozenset[str]) -> bool:
+    return shape is not None and any(isinstance(d, str) and d in symbols for d in shape)
+
+
+@dataclass
+class ViewPlan:
+    """Stage 2: pure-view nodes to elide and the views to reinstate in their place."""
+
+    nodes: frozenset[int]  # plan indices
+    #: value id -> (view array, owner id, shape, strides, byte offset), from the reference step
+    views: dict[int, tuple] = field(default_factory=dict)
+    #: owner id -> (address, capacity in bytes) of every source buffer the views alias
+    sources: dict[int, tuple[int, int]] = field(default_factory=dict)
+    validated: bool = False
+
+    @property
+    def state(self) -> str:
+        return "validated" if self.validated else "candidate"
+
+
+@dataclass
+class MemoStats:
+    """Counters of what the memo did over a session (see `session.memo_stats()`)."""
+
+    primed: int = 0
+    rebuilt: int = 0
+    replayed: int = 0
+    disabled: int = 0
+    ineligible: int = 0
+    verified: int = 0
+    views_reused: int = 0
+    dispatch_elided: int = 0
+    stage2_mismatches: int = 0
+    stage2_latched: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
