@@ -5,9 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 
+class CpuGraph:
+    """A recorded segment: the exact kernel launches with their concrete buffers."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+
+    def __len__(self) -> int:
+        return len(self.launches)
+
+
 class CpuBackend:
     name = "cpu"
     xp = np
+    supports_capture = True
+    #: numpy runs each launch as it is recorded, so a capture pass also computes
+    capture_executes_work = True
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -27,3 +40,21 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         return None
+
+    # -- device graphs: recorded launch lists ---------------------------------------
+
+    def begin_capture(self) -> CpuGraph:
+        return CpuGraph()
+
+    def record(self, graph: CpuGraph, fn, ins: list, outs: list) -> None:
+        graph.launches.append((fn, list(ins), list(outs)))
+
+    def end_capture(self, graph: CpuGraph) -> CpuGraph:
+        return graph
+
+    def launch(self, graph: CpuGraph) -> None:
+        for fn, ins, outs in graph.launches:
+            results = fn(ins, outs)
+            for out, r in zip(outs, results):
+                if out is not None and r is not out:
+                    out[...] = r  # a kernel that computed out of place still lands in its buffer

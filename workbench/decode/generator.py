@@ -57,6 +57,7 @@ class Generator:
         self.default_eos: int | None = config.get("eos_token_id")
         #: positions the model has rotary/learned embeddings for, when it says
         self.max_positions: int | None = config.get("max_positions")
+        self._feed_buffers: dict[tuple, np.ndarray] = {}
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
@@ -104,6 +105,21 @@ class Generator:
             bar.close()
         return result
 
+    def _staged(self, name: str, values: Any) -> np.ndarray:
+        """Feed `values` through a persistent int64 buffer per input and shape.
+
+        A captured device graph replays against fixed input addresses, as engines
+        that replay graphs keep static input buffers: a fresh array every step
+        would retire the graph each time.
+        """
+        values = np.asarray(values, dtype=np.int64)
+        key = (name, values.shape)
+        buf = self._feed_buffers.get(key)
+        if buf is None:
+            buf = self._feed_buffers[key] = np.empty(values.shape, np.int64)
+        buf[...] = values
+        return buf
+
     def _record_token(self, token: int, position: int) -> None:
         """Note the chosen token beside the step that produced it, for the widgets."""
         recording = getattr(self.session, "recording", None)
@@ -125,11 +141,11 @@ class Generator:
     def _step(self, tokens: list[int], cache: _KvCache) -> np.ndarray:
         io = self.interface
         n, past_len = len(tokens), cache.length
-        feeds: dict[str, np.ndarray] = {io.input_ids: np.asarray([tokens], dtype=np.int64)}
+        feeds: dict[str, np.ndarray] = {io.input_ids: self._staged(io.input_ids, [tokens])}
         if io.attention_mask:
-            feeds[io.attention_mask] = np.ones((1, past_len + n), dtype=np.int64)
+            feeds[io.attention_mask] = self._staged(io.attention_mask, np.ones((1, past_len + n)))
         if io.position_ids:
-            feeds[io.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+            feeds[io.position_ids] = self._staged(io.position_ids, np.arange(past_len, past_len + n)[None, :])
         feeds.update(cache.past_feeds())
         wanted = [io.logits] + cache.wanted_presents()
         phase = "prefill" if past_len == 0 else "decode"

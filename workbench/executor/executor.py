@@ -16,7 +16,10 @@ import numpy as np
 
 from ..errors import KernelError, MemoVerifyError, WorkbenchError
 from ..ir.graph import Graph
+from ..ops.registry import CaptureViolation, host_read
 from ..session.options import SessionOptions
+from .capture import SlotCapture
+from .capture_runner import CaptureRunner
 from .memo import (
     STAGE2_MISMATCH_LIMIT,
     DecodePlanMemo,
@@ -101,6 +104,38 @@ class Executor:
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
         self._owners: dict[int, int] = {}
+        self.capture = SlotCapture()
+        self._slot = "primary"
+        self._parked: dict[str, dict[str, Any]] = {}  # prepared state of the other slots
+        self.capture_runner = CaptureRunner(self)
+        self._if_predicates: dict[int, bool] = {}
+        self._capturing_node: PlanNode | None = None
+        self._steady = False
+
+    # Everything prepared for one binding regime belongs to a slot: the one-token
+    # decode (primary) and the k+1-token speculative verify alternate, and each must
+    # keep its own memo, buffers (stable addresses) and captured graphs.
+    _SLOT_FIELDS = ("memo", "_shapes", "storage", "_dispatch", "_slots", "_variant_slots",
+                    "_bound_slots", "_buffers", "_signature", "_prev_bindings", "_prev_signature",
+                    "_view_plan", "_stage2_streak", "_stage2_latched", "_signature_cache", "capture")
+
+    def _enter_slot(self, slot: str) -> None:
+        if slot == self._slot:
+            return
+        self._parked[self._slot] = {f: getattr(self, f) for f in self._SLOT_FIELDS}
+        state = self._parked.pop(slot, None)
+        if state is None:
+            state = {"memo": None, "_shapes": {}, "storage": None, "_dispatch": [], "_slots": [],
+                     "_variant_slots": [], "_bound_slots": {}, "_buffers": {}, "_signature": object(),
+                     "_prev_bindings": None, "_prev_signature": None, "_view_plan": None,
+                     "_stage2_streak": 0, "_stage2_latched": False, "_signature_cache": {},
+                     "capture": SlotCapture()}
+        for f, v in state.items():
+            setattr(self, f, v)
+        self._slot = slot
+
+    def slot_capture(self, slot: str) -> SlotCapture:
+        return self.capture if slot == self._slot else self._parked.get(slot, {}).get("capture", SlotCapture())
 
     # -- buffers --------------------------------------------------------------------
 
@@ -223,6 +258,7 @@ class Executor:
                    bound: dict[int, Any]) -> tuple[str, str]:
         """Prepare this step; returns the memo action and its reason."""
         exact = (tuple(bindings.items()), _bound_signature(bound))
+        self._steady = exact == self._signature
         if not self.options.decode_memo:
             if exact != self._signature:
                 self._full_prepare(bindings, bound)
@@ -238,8 +274,10 @@ class Executor:
                 self._replay_prepare(memo, bindings, bound)
                 self._signature = exact
                 self._prev_bindings, self._prev_signature = dict(bindings), signature
+                self._steady = True
                 return "replayed", "bindings match the memo"
             why = stage2
+        self._steady = False
         prev, prev_sig = self._prev_bindings, self._prev_signature
         self._prev_bindings, self._prev_signature = dict(bindings), signature
         self._view_plan = None  # invalidated on every non-replay step
@@ -352,6 +390,7 @@ class Executor:
                 self._full_prepare(bindings, bound)
                 self._signature = None
         else:
+            self._enter_slot(slot)
             bindings = bind_symbols(self.graph, feeds)
             if rec is not None:
                 rec.begin_step(slot=slot, phase=phase, bindings=dict(bindings))
@@ -368,15 +407,22 @@ class Executor:
         self._observed = observed = {}
         plan = self._view_plan
         elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
-        for d in self._dispatch:
-            if d.p.index in elide:
-                self._reinstate_views(d.p, plan, env, rec, pinned)
-            else:
-                self._dispatch_node(d, env, bindings, rec, released, pinned)
+        dispatch = self._dispatch
+
+        def run_nodes(indices, graph=None):
+            for k in indices:
+                d = dispatch[k]
+                if k in elide:
+                    self._reinstate_views(d.p, plan, env, rec, pinned)
+                else:
+                    self._dispatch_node(d, env, bindings, rec, released, pinned, graph)
+
+        if self.jit_only:
+            run_nodes(range(len(dispatch)))
+            return env
+        self.capture_mode = self.capture_runner.run_step(self.capture, self._steady, bound, run_nodes, rec, slot)
         if bound:
             self._fill_bound(env, bound)
-        if self.jit_only:
-            return env
         self._stage2_after_run(action, observed)
         if elide:
             self.memo_stats.dispatch_elided += len(elide)
@@ -425,9 +471,14 @@ class Executor:
         )
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
-                       released: dict[int, int], pinned: set[int]) -> None:
+                       released: dict[int, int], pinned: set[int], graph: Any = None) -> None:
         p = d.p
         ins = [env[i] if i >= 0 else None for i in p.inputs]
+        if p.node.op_type == "If" and not p.node.captures and not self.jit_only \
+                and self._if_unchanged(p, ins[0], env):
+            if rec is not None:
+                rec.node(p.index, "elided", 0.0)
+            return
         outs = d.outs
         if d.lazy or d.dynamic:
             outs = list(outs)
@@ -445,14 +496,17 @@ class Executor:
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         t0 = time.perf_counter() if rec is not None else 0.0
+        self._capturing_node = p
         try:
             res = p.fn(ins, outs)
-        except WorkbenchError:
+        except (WorkbenchError, CaptureViolation):
             raise
         except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", time.perf_counter() - t0)
+        if graph is not None and not d.view:
+            self.backend.record(graph, p.fn, ins, outs)
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -472,6 +526,16 @@ class Executor:
             rec.alias(p.outputs[slot], p.inputs[pos], p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
+
+    def _if_unchanged(self, p: PlanNode, predicate: Any, env: list) -> bool:
+        """An If whose predicate is as last step and whose outputs are still resident
+        need not re-run its branch (e.g. LongRoPE's cache selector during decode).
+        Only for branches that read nothing from the enclosing graph: then the
+        predicate alone decides the outputs."""
+        value = bool(host_read(predicate).reshape(-1)[0])
+        same = self._if_predicates.get(p.index) == value
+        self._if_predicates[p.index] = value
+        return same and all(env[o] is not None for o in p.outputs if o >= 0)
 
     def _take_view(self, p: PlanNode, vid: int, r: Any, source: Any, rec: Any,
                    pinned: set[int], bindings: dict) -> Any:

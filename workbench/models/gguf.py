@@ -348,7 +348,8 @@ def gguf_weights(f: GGUFFile, cfg: ModelConfig) -> DecoderWeights:
 
 # -- conversion -------------------------------------------------------------------
 def from_gguf(
-    path: str | os.PathLike, *, dtype: str = "float32", max_positions: int | None = None
+    path: str | os.PathLike, *, dtype: str = "float32", max_positions: int | None = None,
+    packed: bool = False,
 ) -> onnx.ModelProto:
     """A Llama-architecture GGUF as a genai-flavour ONNX decoder (fp32 weights).
 
@@ -356,14 +357,16 @@ def from_gguf(
     attention_mask, past_key_values.{i}.key/value -> logits, present.{i}.key/value)
     and carries its `ModelConfig` (read it with `config_of`), so `workbench.Generator`
     drives it. `max_positions` caps the rotary caches (default: the file's context
-    length). Save a large result with `save_model` (external data).
+    length). `packed=True` multiplies Q/K/V and gate/up as one MatMul each (same
+    model, fewer and larger products). Save a large result with `save_model`
+    (external data).
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ModelBuildError(f"from_gguf: dtype {dtype!r} is not supported (supported: {SUPPORTED_DTYPES})")
     f = read_gguf(path)
     cfg, factors = gguf_config(f, max_positions=max_positions)
     wts = gguf_weights(f, cfg)
-    model = llama_genai_from_weights(cfg, wts, rope_factors=factors)
+    model = llama_genai_from_weights(cfg, wts, rope_factors=factors, packed=packed)
     del wts
     model.graph.name = str(f.get("general.name", model.graph.name) or model.graph.name)
     entry = model.metadata_props.add()

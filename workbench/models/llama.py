@@ -269,8 +269,14 @@ def _skip_norm(
     return (res, None) if last else (res[0], res[3])
 
 
-def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope) -> ModelProto:
-    """The genai-style graph; `rope(b, total64) -> (cos_cache, sin_cache)` names."""
+def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope, *, packed: bool = False) -> ModelProto:
+    """The genai-style graph; `rope(b, total64) -> (cos_cache, sin_cache)` names.
+
+    `packed=True` multiplies Q, K and V as one `qkv_proj` MatMul feeding
+    GroupQueryAttention's packed-QKV form (key/value inputs empty), and gate and up
+    as one `gate_up_proj` MatMul split in two: the same model in fewer, larger
+    products (as the genai builder packs quantized projections).
+    """
     if cfg.head_dim % 16:
         raise ModelBuildError(
             f"{cfg.family}: GroupQueryAttention with do_rotary=1 needs head_dim % 16 == 0, got {cfg.head_dim}"
@@ -299,30 +305,41 @@ def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope) -> ModelProto:
             h, residual = _skip_norm(
                 b, residual, x, lw.input_norm, cfg.norm_eps, name=f"layers.{i}/input_layernorm"
             )
-        q = linear(
-            b,
-            h,
-            lw.q,
-            node=f"/model/layers.{i}/attn/q_proj",
-            weight=f"{p}.attn.q_proj.MatMul.weight",
-            quant=cfg.quant,
-        )
-        k = linear(
-            b,
-            h,
-            lw.k,
-            node=f"/model/layers.{i}/attn/k_proj",
-            weight=f"{p}.attn.k_proj.MatMul.weight",
-            quant=cfg.quant,
-        )
-        v = linear(
-            b,
-            h,
-            lw.v,
-            node=f"/model/layers.{i}/attn/v_proj",
-            weight=f"{p}.attn.v_proj.MatMul.weight",
-            quant=cfg.quant,
-        )
+        if packed:
+            q = linear(
+                b,
+                h,
+                np.concatenate([lw.q, lw.k, lw.v], axis=1),
+                node=f"/model/layers.{i}/attn/qkv_proj",
+                weight=f"{p}.attn.qkv_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
+            k = v = ""
+        else:
+            q = linear(
+                b,
+                h,
+                lw.q,
+                node=f"/model/layers.{i}/attn/q_proj",
+                weight=f"{p}.attn.q_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
+            k = linear(
+                b,
+                h,
+                lw.k,
+                node=f"/model/layers.{i}/attn/k_proj",
+                weight=f"{p}.attn.k_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
+            v = linear(
+                b,
+                h,
+                lw.v,
+                node=f"/model/layers.{i}/attn/v_proj",
+                weight=f"{p}.attn.v_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
         past_k, past_v = cfg.past_names(i)
         pres_k, pres_v = cfg.present_names(i)
         gqa = f"/model/layers.{i}/attn/GroupQueryAttention"
@@ -350,22 +367,39 @@ def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope) -> ModelProto:
         h, residual = _skip_norm(
             b, residual, a, lw.post_norm, cfg.norm_eps, name=f"layers.{i}/post_attention_layernorm"
         )
-        g = linear(
-            b,
-            h,
-            lw.gate,
-            node=f"/model/layers.{i}/mlp/gate_proj",
-            weight=f"{p}.mlp.gate_proj.MatMul.weight",
-            quant=cfg.quant,
-        )
-        u = linear(
-            b,
-            h,
-            lw.up,
-            node=f"/model/layers.{i}/mlp/up_proj",
-            weight=f"{p}.mlp.up_proj.MatMul.weight",
-            quant=cfg.quant,
-        )
+        if packed:
+            gu = linear(
+                b,
+                h,
+                np.concatenate([lw.gate, lw.up], axis=1),
+                node=f"/model/layers.{i}/mlp/gate_up_proj",
+                weight=f"{p}.mlp.gate_up_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
+            g, u = b.node(
+                "Split",
+                [gu, b.i64(cfg.ffn, cfg.ffn)],
+                name=f"/model/layers.{i}/mlp/gate_up_proj/Split",
+                n_outputs=2,
+                axis=-1,
+            )
+        else:
+            g = linear(
+                b,
+                h,
+                lw.gate,
+                node=f"/model/layers.{i}/mlp/gate_proj",
+                weight=f"{p}.mlp.gate_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
+            u = linear(
+                b,
+                h,
+                lw.up,
+                node=f"/model/layers.{i}/mlp/up_proj",
+                weight=f"{p}.mlp.up_proj.MatMul.weight",
+                quant=cfg.quant,
+            )
         g = b.node(
             "Mul",
             [g, b.node("Sigmoid", [g], name=f"/model/layers.{i}/mlp/act_fn/Sigmoid")],
@@ -430,12 +464,13 @@ def check_weights(cfg: ModelConfig, wts: DecoderWeights) -> None:
 
 
 def llama_genai_from_weights(
-    cfg: ModelConfig, wts: DecoderWeights, *, rope_factors: np.ndarray | None = None
+    cfg: ModelConfig, wts: DecoderWeights, *, rope_factors: np.ndarray | None = None, packed: bool = False
 ) -> ModelProto:
     """The genai-flavour Llama graph over caller-supplied weights (e.g. read from a GGUF).
 
     `wts` holds float32 weights, every linear as [K, N] (the transpose of a torch
     `Linear.weight`); `cfg` must say flavor="genai". The model carries `cfg`.
+    `packed=True`: one QKV and one gate/up MatMul per layer (see `build_genai`).
     """
     if cfg.flavor != "genai":
         raise ModelBuildError(f"{cfg.family}: llama_genai_from_weights builds flavor='genai', got {cfg.flavor!r}")
@@ -450,7 +485,7 @@ def llama_genai_from_weights(
         raise ModelBuildError(
             f"{cfg.family}: rope_factors has shape {np.shape(rope_factors)}, expected ({cfg.head_dim // 2},)"
         )
-    return attach_config(build_genai(cfg, wts, plain_rope(cfg, rope_factors)), cfg)
+    return attach_config(build_genai(cfg, wts, plain_rope(cfg, rope_factors), packed=packed), cfg)
 
 
 def llama(

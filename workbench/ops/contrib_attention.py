@@ -29,7 +29,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
 
 # --- rotary embedding ---------------------------------------------------------------
 
@@ -186,7 +186,7 @@ def _softcap(xp: Any, scores: Any, softcap: float) -> Any:
 
 def _host_int(value: Any) -> int:
     """Read a one-element integer input on the host (a sync on a device backend)."""
-    return int(value.reshape(-1)[0])
+    return int(host_read(value).reshape(-1)[0])
 
 
 def _same_buffer(a: Any, b: Any) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import NodeInfo, declined, register
+from .registry import NodeInfo, declined, host_read, register
 
 CONTROL_FLOW = declined("control_flow", "the executed subgraph is chosen on the host each run")
 
@@ -19,7 +19,8 @@ def _captures(info: NodeInfo, inputs: list, n_formal: int) -> dict:
 
 
 def _host_scalar(value) -> object:
-    return np.asarray(value).reshape(-1)[0] if np.asarray(value).size else None
+    value = host_read(value)
+    return value.reshape(-1)[0] if value.size else None
 
 
 @register("If", since=1, capture=CONTROL_FLOW, data_dependent_shape=True)

@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..dtypes import ALL_PLAIN, NUMERIC
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -45,11 +45,11 @@ def _host_read_verdict(positions: tuple[int, ...], what: str) -> Callable[[NodeI
 
 def _scalar(array: Any) -> Any:
     """A one-element tensor's value as a Python number (`item` copies from a device)."""
-    return array.reshape(-1)[0].item()
+    return host_read(array).reshape(-1)[0].item()
 
 
 def _host_ints(array: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in array.reshape(-1).tolist())
+    return tuple(int(v) for v in host_read(array).reshape(-1).tolist())
 
 
 def _place_copy(xp: Any, out: Any, value: Any) -> Any:

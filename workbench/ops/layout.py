@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
 
 INT64 = np.dtype(np.int64)
 
@@ -54,7 +54,7 @@ def constant_ints(info: NodeInfo, pos: int) -> list[int] | None:
 
 def host_ints(array: Any) -> list[int]:
     """An integer tensor's values on the host (`tolist` also copies a CuPy array back)."""
-    values = array.tolist()
+    values = host_read(array).tolist()
     return [int(values)] if not isinstance(values, list) else [int(v) for v in values]
 
 

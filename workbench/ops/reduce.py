@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import BOOL, NUMERIC
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -59,7 +59,7 @@ def _axes_from_values(values: Any, noop_with_empty_axes: bool) -> Any:
     """The axes input's values (host read) as numpy's `axis` argument."""
     if values is None or values.size == 0:
         return NO_AXES if noop_with_empty_axes else ALL_AXES
-    return tuple(int(a) for a in values.reshape(-1).tolist())
+    return tuple(int(a) for a in host_read(values).reshape(-1).tolist())
 
 
 def _axes_input_capture(info: NodeInfo) -> CaptureVerdict:

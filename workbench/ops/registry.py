@@ -177,6 +177,43 @@ def native_op_types(domain: str = "") -> set[str]:
     return {op for (d, op) in _REGISTRY if d == _canonical_domain(domain)}
 
 
+# --- reading device values on the host ----------------------------------------------
+
+
+class CaptureViolation(RuntimeError):
+    """A kernel read a value on the host while its launch was being recorded."""
+
+
+_capturing: list[str] = []  # node labels currently being recorded (a stack)
+
+
+def host_read(array: Any) -> np.ndarray:
+    """Every device-to-host read a kernel makes goes through here.
+
+    While a device graph is being recorded a host read cannot be captured (the
+    value would be baked in), so it raises `CaptureViolation`; the executor then
+    quarantines the op type and re-plans.
+    """
+    if _capturing:
+        raise CaptureViolation(f"host read of a {getattr(array, 'shape', '?')} value while capturing "
+                               f"{_capturing[-1]}")
+    get = getattr(array, "get", None)  # CuPy arrays copy to the host with .get()
+    return get() if get is not None and not isinstance(array, np.ndarray) else np.asarray(array)
+
+
+class recording_launches:
+    """Context manager marking that kernel launches are being recorded for `label`."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def __enter__(self) -> None:
+        _capturing.append(self.label)
+
+    def __exit__(self, *exc: Any) -> None:
+        _capturing.pop()
+
+
 # --- small helpers kernel modules share -------------------------------------------
 
 

@@ -42,6 +42,11 @@ class SessionOptions:
     #: re-resolve every replayed step in full and raise on any difference
     #: (WORKBENCH_DECODE_MEMO_VERIFY; the test suite turns it on)
     decode_memo_verify: bool = _flag("WORKBENCH_DECODE_MEMO_VERIFY", False)
+    #: record steady decode steps into device graphs and replay them; needs a backend
+    #: that can capture (both can) and stable buffers (WORKBENCH_CAPTURE)
+    capture: bool = _flag("WORKBENCH_CAPTURE", True)
+    #: captured segments shorter than this many compute nodes stay eager
+    min_segment_nodes: int = 2
 
 
 @dataclass

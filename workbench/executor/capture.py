@@ -1,0 +1,232 @@
+"""Segmented device-graph capture: which nodes fold into captured segments, and why
+every other node is an eager seam.
+
+Each step, per slot, the plan is cut into maximal runs of capturable nodes
+(captured segments) separated by eager seams. Every node that is not captured
+carries a `CaptureDecline` with a reason code from `DECLINE_REASONS`. A slot's
+graphs are recorded once (after an eager warm-up step) and replayed while the
+binding signature of each segment's external inputs is unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: every reason a node is not captured, with what it means
+DECLINE_REASONS = {
+    "capture_disabled": "capture is turned off for this session or backend",
+    "host_fallback_kernel": "the node runs on the onnx.reference host fallback",
+    "host_read": "the kernel reads an input's values on the host",
+    "data_dependent_shape": "the output shape depends on input values",
+    "control_flow": "If/Loop/Scan: the subgraph to run is chosen on the host",
+    "sequence_value": "a sequence, optional or map value has no fixed device buffer",
+    "growing_symbol": "a shape references a KV / sequence length that grows every step",
+    "unresolved_shape": "an output shape is unknown before the kernel runs",
+    "quarantined_op": "this op type broke a recording earlier and is kept eager",
+    "kernel_declined": "the kernel declared itself not capturable",
+    "segment_too_short": "the capturable run is shorter than min_segment_nodes",
+    "host_only_dtype": "the value's dtype (e.g. strings) lives on the host only",
+}
+
+#: why an installed graph was retired
+RETIRE_REASONS = {
+    "binding_changed": "a segment input's address, shape or dtype differs from capture time",
+    "control_flow_shape_flip": "a control-flow output changed shape (e.g. LongRoPE short<->long)",
+    "buffers_reallocated": "the executor re-planned its buffers (shapes changed)",
+    "capture_failed": "a kernel broke the recording (its op type is quarantined)",
+    "warm_seed_stale": "the warm-up shapes seeded into the capture no longer hold",
+    "replan": "the segmentation changed",
+}
+
+_KV_NAME = re.compile(r"^(past|present)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CaptureDecline:
+    plan_index: int
+    reason: str
+    detail: str
+    symbols: tuple[str, ...] = ()
+
+
+@dataclass
+class Segment:
+    index: int
+    kind: str  # "captured" | "eager"
+    nodes: list[int]  # plan indices, consecutive
+
+    @property
+    def first(self) -> int:
+        return self.nodes[0]
+
+    @property
+    def last(self) -> int:
+        return self.nodes[-1]
+
+
+@dataclass
+class CapturedGraph:
+    """One recorded segment: the backend's graph and what it was recorded against."""
+
+    graph: Any
+    #: (value id, dtype, shape, strides, address) of every external input, at capture time
+    signature: tuple
+    #: value id -> array of every value the segment defines (restored into the env on replay)
+    outputs: dict[int, Any]
+    duration_s: float = 0.0
+    #: (plan index, output slot, buffer) the launches write into: must still be current
+    buffers: list = field(default_factory=list)
+
+
+@dataclass
+class SlotCapture:
+    """Capture bookkeeping of one slot (primary decode or speculative verify)."""
+
+    segments: list[Segment] = field(default_factory=list)
+    declines: list[CaptureDecline] = field(default_factory=list)
+    graphs: dict[int, CapturedGraph] = field(default_factory=dict)  # segment index -> graph
+    generation: int = -1  # buffer generation the graphs were recorded under
+    warm: bool = False  # an eager step with this plan has run (its shapes seed the capture)
+    captures: int = 0
+    replays: int = 0
+    retires: int = 0
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.graphs)
+
+    def retire(self) -> None:
+        self.graphs.clear()
+        self.warm = False
+        self.retires += 1
+
+
+def growing_symbols(graph: Any) -> set[str]:
+    """KV-length symbols: the sequence axis of rank-4 past/present KV inputs and outputs.
+
+    Together with the symbols the decode-plan memo observes varying, these are the
+    symbols whose ops cannot be captured: their shapes change every step.
+    """
+    symbols: set[str] = set()
+    for vid in list(graph.inputs) + list(graph.outputs):
+        v = graph.values[vid]
+        if v.shape is not None and len(v.shape) == 4 and _KV_NAME.match(v.name):
+            axis = v.shape[2]
+            if isinstance(axis, str):
+                symbols.add(axis)
+    return symbols
+
+
+def external_inputs(plan: Any, nodes: list[int]) -> list[int]:
+    """Values a run of nodes reads but does not itself define."""
+    defined: set[int] = set()
+    ext: list[int] = []
+    seen: set[int] = set()
+    for k in nodes:
+        p = plan.nodes[k]
+        for v in p.inputs:
+            if v >= 0 and v not in defined and v not in seen:
+                seen.add(v)
+                ext.append(v)
+        defined.update(o for o in p.outputs if o >= 0)
+    return ext
+
+
+def binding_signature(env: list, vids: list[int]) -> tuple:
+    return tuple(_identity(v, env[v]) for v in vids)
+
+
+def _identity(vid: int, a: Any) -> tuple:
+    if a is None or not hasattr(a, "shape"):
+        return (vid, None, None, None, id(a))
+    iface = getattr(a, "__array_interface__", None)
+    addr = iface["data"][0] if iface is not None else a.data.ptr
+    return (vid, a.dtype.str, tuple(a.shape), tuple(a.strides), addr)
+
+
+def describe_change(graph: Any, old: tuple, new: tuple, control_flow_outputs: set[int]) -> tuple[str, str]:
+    """(retire reason, detail) for the first differing entry of two signatures."""
+    for a, b in zip(old, new):
+        if a == b:
+            continue
+        name = graph.values[a[0]].name
+        what = ("dtype" if a[1] != b[1] else "shape" if a[2] != b[2] else
+                "strides" if a[3] != b[3] else "address")
+        if a[0] in control_flow_outputs and what == "shape":
+            return "control_flow_shape_flip", f"{name} shape {a[2]} -> {b[2]}"
+        detail = f"{name} {what}"
+        if what == "shape":
+            detail += f" {a[2]} -> {b[2]}"
+        return "binding_changed", detail
+    return "binding_changed", "input set changed"
+
+
+def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set[int],
+                 quarantined: set[tuple[str, str]], values: list) -> CaptureDecline | None:
+    """Why plan node `p` cannot be captured this step, or None when it can."""
+    k = p.index
+    if (p.node.domain, p.node.op_type) in quarantined:
+        return CaptureDecline(k, "quarantined_op", f"{p.node.op_type} broke a recording earlier")
+    verdict = p.capture
+    if not verdict.supported:
+        reason = verdict.reason if verdict.reason in DECLINE_REASONS else "kernel_declined"
+        detail = verdict.detail if reason == verdict.reason else f"{verdict.reason}: {verdict.detail}"
+        return CaptureDecline(k, reason, detail)
+    for j, vid in enumerate(p.outputs):
+        if vid < 0:
+            continue
+        v = values[vid]
+        if v.kind != "tensor":
+            return CaptureDecline(k, "sequence_value", f"output {v.name!r} is a {v.kind}")
+        if not preallocated[j] and not p.spec.produces_view:
+            return CaptureDecline(k, "unresolved_shape", f"output {v.name!r} has no preallocated buffer")
+    for vid in (*p.inputs, *p.outputs):
+        if vid < 0 or vid in bound:
+            continue
+        shape = values[vid].shape
+        hit = tuple(sorted({d for d in shape or () if isinstance(d, str) and d in growing}))
+        if hit:
+            return CaptureDecline(k, "growing_symbol",
+                                  f"{values[vid].name!r} has shape {list(shape)}", hit)
+    return None
+
+
+def segment_plan(plan: Any, declines: dict[int, CaptureDecline], min_nodes: int,
+                 ) -> tuple[list[Segment], list[CaptureDecline]]:
+    """Cut the plan into captured segments and eager seams; short runs become seams."""
+    segments: list[Segment] = []
+    final: list[CaptureDecline] = []
+    run: list[int] = []
+
+    def close_run() -> None:
+        if not run:
+            return
+        compute = [k for k in run if not plan.nodes[k].spec.produces_view]
+        if len(compute) >= min_nodes:
+            segments.append(Segment(len(segments), "captured", list(run)))
+        else:
+            for k in run:
+                final.append(CaptureDecline(k, "segment_too_short",
+                                            f"run of {len(compute)} compute nodes < {min_nodes}"))
+            _append_eager(segments, run)
+        run.clear()
+
+    for p in plan.nodes:
+        decline = declines.get(p.index)
+        if decline is None:
+            run.append(p.index)
+            continue
+        close_run()
+        final.append(decline)
+        _append_eager(segments, [p.index])
+    close_run()
+    return segments, sorted(final, key=lambda d: d.plan_index)
+
+
+def _append_eager(segments: list[Segment], nodes: list[int]) -> None:
+    if segments and segments[-1].kind == "eager" and segments[-1].last == nodes[0] - 1:
+        segments[-1].nodes.extend(nodes)
+    else:
+        segments.append(Segment(len(segments), "eager", list(nodes)))

@@ -1,0 +1,253 @@
+"""Runs a step through captured segments: warm-up, capture, replay, retire, quarantine.
+
+The executor hands each step to `CaptureRunner.run_step` once it has prepared
+the step's buffers. Per slot the lifecycle is:
+
+    eager warm-up  ->  capture (record each captured segment)  ->  replay ... replay
+        ^                                                             |
+        +------------- retire (binding changed, re-plan, failure) ----+
+
+A kernel that performs a host read while being recorded raises
+`CaptureViolation`: its op type is quarantined for the executor, the step is
+re-run eagerly (so it still completes correctly) and the next steady step
+re-segments with that op as a seam.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..ops.registry import CaptureViolation, recording_launches
+from .capture import (
+    CaptureDecline,
+    CapturedGraph,
+    SlotCapture,
+    binding_signature,
+    describe_change,
+    external_inputs,
+    growing_symbols,
+    node_decline,
+    segment_plan,
+)
+
+
+class CaptureRunner:
+    def __init__(self, executor: Any):
+        self.ex = executor
+        graph = executor.graph
+        self.build_growing = growing_symbols(graph)
+        self.quarantined: set[tuple[str, str]] = set()
+        self.control_flow_outputs = {
+            o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
+
+    # -- deciding ------------------------------------------------------------------
+
+    def enabled_reason(self) -> str | None:
+        """None when capture may run in this executor, else why not."""
+        ex = self.ex
+        if not ex.options.capture:
+            return "capture is off (SessionOptions.capture / WORKBENCH_CAPTURE)"
+        if not getattr(ex.backend, "supports_capture", False):
+            return f"the {ex.backend.name} backend cannot capture"
+        if ex.options.release_dead_values:
+            return "release_dead_values frees buffers between steps; captured graphs need stable addresses"
+        return None
+
+    def growing(self, bound: dict[int, Any]) -> set[str]:
+        """Symbols whose ops stay eager: KV lengths and whatever the memo saw varying,
+        minus KV axes pinned to a fixed capacity (past bound as its own present)."""
+        ex = self.ex
+        symbols = set(self.build_growing)
+        if ex.memo is not None:
+            symbols |= set(ex.memo.varying)
+        return symbols - self.pinned_symbols(bound)
+
+    def pinned_symbols(self, bound: dict[int, Any]) -> set[str]:
+        ex = self.ex
+        if not bound:
+            return set()
+        bound_addresses = {_address(a) for a in bound.values()}
+        pinned = set()
+        for vid in ex.graph.inputs:
+            v = ex.graph.values[vid]
+            arr = ex._env[vid]
+            if v.shape and len(v.shape) == 4 and isinstance(v.shape[2], str) and arr is not None \
+                    and _address(arr) in bound_addresses:
+                pinned.add(v.shape[2])
+        return pinned
+
+    def segment(self, cap: SlotCapture, bound: dict[int, Any]) -> None:
+        ex = self.ex
+        growing = self.growing(bound)
+        values = ex.graph.values
+        bound_ids = set(bound)
+        declines: dict[int, CaptureDecline] = {}
+        for d in ex._dispatch:
+            p = d.p
+            preallocated = [o is not None for o in d.outs]
+            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values)
+            if decline is not None:
+                declines[p.index] = decline
+        cap.segments, cap.declines = segment_plan(ex.plan, declines, ex.options.min_segment_nodes)
+
+    # -- running a step --------------------------------------------------------------
+
+    def run_step(self, cap: SlotCapture, steady: bool, bound: dict[int, Any], run_nodes: Any,
+                 rec: Any, slot: str) -> str:
+        """Run the step's nodes; returns the capture mode used: eager, capture or replay."""
+        disabled = self.enabled_reason()
+        if disabled is not None:
+            run_nodes(range(len(self.ex.plan.nodes)))
+            if rec is not None:
+                self._emit_disabled(rec, slot, disabled)
+            return "off"
+        if not steady:
+            if cap.installed:
+                self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
+            run_nodes(range(len(self.ex.plan.nodes)))
+            cap.warm = True  # this eager run is the warm-up the next capture trusts
+            if rec is not None:
+                self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+            return "eager"
+        if not cap.installed:
+            if not cap.warm:
+                run_nodes(range(len(self.ex.plan.nodes)))
+                cap.warm = True
+                if rec is not None:
+                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+                return "eager"
+            self.segment(cap, bound)
+            return self._capture(cap, run_nodes, rec, slot)
+        return self._replay(cap, run_nodes, rec, slot)
+
+    def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
+        ex = self.ex
+        backend = ex.backend
+        env = ex._env
+        try:
+            for seg in cap.segments:
+                if seg.kind == "eager":
+                    run_nodes(seg.nodes)
+                    continue
+                inputs = external_inputs(ex.plan, seg.nodes)
+                signature = binding_signature(env, inputs)
+                t0 = time.perf_counter()
+                graph = backend.begin_capture()
+                label = f"segment {seg.index}"
+                with recording_launches(label):
+                    run_nodes(seg.nodes, graph=graph)
+                graph = backend.end_capture(graph)
+                if not backend.capture_executes_work:
+                    backend.launch(graph)
+                outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
+                buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex._dispatch[k].outs)
+                           if o is not None]
+                cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs,
+                                                      time.perf_counter() - t0, buffers)
+                if rec is not None:
+                    rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
+                                reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
+        except CaptureViolation as violation:
+            failed = ex._capturing_node
+            self.quarantined.add((failed.node.domain, failed.node.op_type))
+            cap.graphs.clear()
+            cap.retires += 1
+            cap.warm = False
+            if rec is not None:
+                rec.add_row("capture_events", slot=slot, segment=-1, event="quarantine",
+                            reason=f"{failed.node.op_type} ({failed.node.name}): {violation}", duration_s=0.0)
+                rec.add_row("capture_events", slot=slot, segment=-1, event="retire",
+                            reason="capture_failed", duration_s=0.0)
+            run_nodes(range(len(ex.plan.nodes)))  # the step still completes, eagerly
+            if rec is not None:
+                self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+            return "eager"
+        cap.captures += 1
+        if rec is not None:
+            self._emit_segments(rec, slot, cap, "captured")
+            self._emit_declines(rec, slot, cap)
+        return "capture"
+
+    def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
+        ex = self.ex
+        env = ex._env
+        for pos, seg in enumerate(cap.segments):
+            if seg.kind == "eager":
+                run_nodes(seg.nodes)
+                continue
+            captured = cap.graphs[seg.index]
+            why = self._stale(captured, seg)
+            if why is not None:
+                self._retire(cap, rec, slot, *why)
+                for rest in cap.segments[pos:]:
+                    run_nodes(rest.nodes)
+                if rec is not None:
+                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+                return "eager"
+            t0 = time.perf_counter()
+            ex.backend.launch(captured.graph)
+            for vid, arr in captured.outputs.items():
+                env[vid] = arr
+            if rec is not None:
+                duration = time.perf_counter() - t0
+                for k in seg.nodes:
+                    rec.node(k, "replayed", duration / len(seg.nodes))
+                rec.add_row("capture_events", slot=slot, segment=seg.index, event="replay",
+                            reason="binding signature unchanged", duration_s=duration)
+        cap.replays += 1
+        if rec is not None:
+            self._emit_segments(rec, slot, cap, "replayed")
+        return "replay"
+
+    def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
+        ex = self.ex
+        for k, j, arr in captured.buffers:
+            if ex._dispatch[k].outs[j] is not arr:
+                return "buffers_reallocated", f"{ex.plan.nodes[k].node.name} output {j} has a new buffer"
+        inputs = [entry[0] for entry in captured.signature]
+        now = binding_signature(ex._env, inputs)
+        if now != captured.signature:
+            return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
+        return None
+
+    def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
+        cap.retire()
+        if rec is not None:
+            rec.add_row("capture_events", slot=slot, segment=-1, event="retire",
+                        reason=f"{reason}: {detail}", duration_s=0.0)
+
+    # -- recording ---------------------------------------------------------------------
+
+    def _emit_segments(self, rec: Any, slot: str, cap: SlotCapture, state: str, whole_plan: bool = False) -> None:
+        plan = self.ex.plan
+        if whole_plan or not cap.segments:
+            n = len(plan.nodes)
+            rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=n - 1,
+                        node_count=n, kind="eager", state="eager")
+            return
+        for seg in cap.segments:
+            rec.add_row("capture_segments", slot=slot, segment=seg.index, first_node=seg.first,
+                        last_node=seg.last, node_count=len(seg.nodes), kind=seg.kind,
+                        state=state if seg.kind == "captured" else "eager")
+
+    def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
+        plan = self.ex.plan
+        segment_of = {k: seg.index for seg in cap.segments for k in seg.nodes}
+        for d in cap.declines:
+            node = plan.nodes[d.plan_index].node
+            rec.add_row("capture_declines", slot=slot, segment=segment_of.get(d.plan_index, -1),
+                        plan_index=d.plan_index, node=node.name, op_type=node.op_type, domain=node.domain,
+                        reason=d.reason, detail=d.detail, symbols=list(d.symbols))
+
+    def _emit_disabled(self, rec: Any, slot: str, why: str) -> None:
+        n = len(self.ex.plan.nodes)
+        rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=n - 1,
+                    node_count=n, kind="eager", state="eager")
+        rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
+                    domain="", reason="capture_disabled", detail=why, symbols=[])
+
+
+def _address(a: Any) -> int:
+    iface = getattr(a, "__array_interface__", None)
+    return iface["data"][0] if iface is not None else a.data.ptr

@@ -1,0 +1,11 @@
+"""plotly figures of a Recording's frames; shared by the widgets and the HTML report."""
+
+from .capture import declines_figure, segments_figure
+from .common import esc
+from .liveness import liveness_figure
+from .memo import memo_figure
+from .plan import plan_strip_figure
+from .views import view_walk_figure
+
+__all__ = ["declines_figure", "esc", "liveness_figure", "memo_figure", "plan_strip_figure", "segments_figure",
+           "view_walk_figure"]

@@ -1,0 +1,217 @@
+"""`to_html(recording, path)`: one self-contained HTML report that opens without a kernel.
+
+plotly.js is inlined once in the head; each figure is a div plus a small script
+calling `Plotly.newPlot` with its JSON. Safety: every model-derived string in the
+page goes through `html.escape` (tables: `DataFrame.to_html(escape=True)` on text
+cells; figures: `figures.common.esc`), and figure JSON additionally has `<`, `>`,
+`&` and U+2028/9 written as \\u escapes, so no value can close the script element.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from . import capture, liveness, memo, plan, steps, views
+from .source import NOT_RECORDED, Frames, as_frames
+from .summary import summary
+from .units import fmt_bytes, fmt_ms
+
+if TYPE_CHECKING:  # pragma: no cover
+    import plotly.graph_objects as go
+
+    from ..trace import Recording
+
+__all__ = ["figure_json", "render_html", "table_html", "to_html"]
+
+MAX_TABLE_ROWS = 2000
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+nav a{margin-right:12px}.note{color:#666;font-style:italic}.meta{color:#555}
+table.tbl{border-collapse:collapse;font-size:12px;margin:8px 0}
+table.tbl th,table.tbl td{border:1px solid #e3e3e3;padding:2px 6px;text-align:left;vertical-align:top}
+table.tbl th{background:#f5f5f5}details{margin:8px 0}.fig{width:100%}
+"""
+
+
+def figure_json(fig: go.Figure) -> str:
+    """The figure's {"data", "layout"} as JSON that is safe inside a <script> element."""
+    import plotly.io as pio
+
+    text = pio.to_json(fig, validate=False, pretty=False)
+    for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                 ("\u2029", "\\u2029")):
+        text = text.replace(a, b)
+    return text
+
+
+def _cell(v) -> object:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items())
+    return v
+
+
+def table_html(df: pd.DataFrame, max_rows: int = MAX_TABLE_ROWS) -> str:
+    """A DataFrame as an escaped HTML table (lists and dicts as text, at most `max_rows`)."""
+    more = len(df) - max_rows
+    shown = df.head(max_rows).copy()
+    for c in shown.columns:
+        if shown[c].dtype == object:
+            shown[c] = [_cell(v) for v in shown[c]]
+    out = shown.to_html(index=False, escape=True, border=0, classes="tbl", na_rep="—")
+    if more > 0:
+        out += f'<p class="note">{more:,} more rows not shown; see export() for every row.</p>'
+    return out
+
+
+class _Page:
+    def __init__(self, title: str):
+        self.title = title
+        self.parts: list[str] = []
+        self.nav: list[tuple[str, str]] = []
+        self.n_fig = 0
+
+    def section(self, anchor: str, heading: str) -> None:
+        self.nav.append((anchor, heading))
+        self.parts.append(f'<h2 id="{anchor}">{html.escape(heading)}</h2>')
+
+    def text(self, s: str, cls: str = "") -> None:
+        self.parts.append(f'<p class="{cls}">{html.escape(s)}</p>')
+
+    def raw(self, s: str) -> None:
+        self.parts.append(s)
+
+    def table(self, df: pd.DataFrame, summary_line: str | None = None) -> None:
+        t = table_html(df)
+        self.parts.append(f"<details><summary>{html.escape(summary_line)}</summary>{t}</details>"
+                          if summary_line else t)
+
+    def figure(self, fig: go.Figure) -> None:
+        self.n_fig += 1
+        div = f"fig-{self.n_fig}"
+        self.parts.append(
+            f'<div id="{div}" class="fig"></div>\n<script type="text/javascript">(function(){{'
+            f'var f={figure_json(fig)};Plotly.newPlot("{div}",f.data,f.layout,{{responsive:true}});'
+            f'}})();</script>')
+
+    def render(self, plotly_js: str) -> str:
+        nav = " ".join(f'<a href="#{a}">{html.escape(h)}</a>' for a, h in self.nav)
+        return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                f"<title>{html.escape(self.title)}</title><style>{_CSS}</style>\n"
+                f'<script type="text/javascript">{plotly_js}</script>\n</head><body>\n'
+                f"<h1>{html.escape(self.title)}</h1><nav>{nav}</nav>\n" + "\n".join(self.parts)
+                + "\n</body></html>\n")
+
+
+def _default_step(f: Frames) -> int | None:
+    primary = steps.steps_of_slot(f, "primary") or steps.steps_of_slot(f)
+    return primary[-1] if primary else None
+
+
+def render_html(src: Recording | Frames, step: int | None = None, title: str = "Workbench recording") -> str:
+    """The report as a string; see `to_html`."""
+    from plotly.offline import get_plotlyjs
+
+    from . import figures
+
+    f = as_frames(src)
+    page = _Page(title)
+    step = _default_step(f) if step is None else step
+    info = steps.step_info(f, step) if step is not None else {"recorded": False}
+    slot = info.get("slot") if info.get("recorded") else None
+
+    page.section("summary", "Summary")
+    page.table(summary(f)[["section", "metric", "text"]])
+
+    page.section("steps", "Steps")
+    st = f.get("steps").copy()
+    tok = steps.tokens_frame(f).drop_duplicates("step", keep="last").set_index("step")["token"]
+    st["token"] = st["step"].map(tok)
+    st["wall"] = [fmt_ms(x) for x in st["wall_ms"]]
+    st["resident peak"] = [fmt_bytes(x) for x in st["resident_peak_bytes"]]
+    page.table(st[["step", "slot", "phase", "wall", "resident peak", "token", "bindings"]])
+
+    page.section("mechanisms", "Memo, Stage 2 and capture per step")
+    lanes = memo.mechanism_lanes(f)
+    missing = [n for n, key in (("decode-plan memo", "memo_timeline"), ("capture events", "capture_events"))
+               if not f.has(key)]
+    for m in missing:
+        page.text(f"{m}: {NOT_RECORDED}.", "note")
+    page.figure(figures.memo_figure(lanes, steps.latency_frame(f), step, missing))
+    memo_tl = f.optional("memo_timeline")
+    if memo_tl is not None:
+        page.table(memo_tl, "memo timeline table")
+
+    if step is None:
+        page.text("No step was recorded: nothing more to show.", "note")
+        return page.render(get_plotlyjs())
+    where = f"step {step} ({info.get('phase') or 'run'}, slot {slot})"
+
+    page.section("plan", f"Plan at {where}")
+    pl = plan.plan_at_step(f, step, slot)
+    page.figure(figures.plan_strip_figure(pl, title=f"Execution plan at {html.escape(where)}"))
+    page.table(pl.drop(columns=["inputs", "outputs"]), f"all {len(pl)} nodes")
+
+    page.section("capture", "Capture segmentation")
+    seg_all = f.optional("segments")
+    if seg_all is None:
+        page.text(f"Capture segmentation: {NOT_RECORDED}. Static capture verdicts of the plan:", "note")
+    else:
+        seg_slot = pd.concat([capture.segments_at(f, s, slot) for s in steps.steps_of_slot(f, slot)]
+                             or [seg_all.head(0)], ignore_index=True)
+        dec = capture.declines_at(f, step, slot)
+        page.figure(figures.segments_figure(seg_slot, dec, step))
+        if dec is None or dec.empty:
+            page.text(f"No declines recorded at or before {where}.", "note")
+        else:
+            page.figure(figures.declines_figure(capture.by_reason(dec)))
+            page.table(dec, f"{len(dec)} declines in force at {where}")
+    sv = capture.static_verdicts(f)
+    page.table(sv, f"{len(sv)} nodes with a static decline or host-fallback kernel")
+
+    page.section("views", f"Zero-copy views at {where}")
+    vw = views.views_at(f, step)
+    if vw.empty:
+        page.text("No views were created at this step.", "note")
+    else:
+        page.table(vw, f"{len(vw)} views")
+        strided = vw[~vw["contiguous"]]
+        pick = (strided if not strided.empty else vw).iloc[0]["value"]
+        walk = views.view_walk(f, step, pick)
+        if walk is not None:
+            page.figure(figures.view_walk_figure(walk))
+    al = f.get("aliases")
+    al = al[al["step"] == step]
+    if not al.empty:
+        page.table(al, f"{len(al)} in-place writes")
+
+    page.section("liveness", f"Buffer liveness at {where}")
+    mem = liveness.memory_at(f, step)
+    page.text("planner peak " + fmt_bytes(mem["planner_peak_bytes"]) + " · lower bound "
+              + fmt_bytes(mem["lower_bound_bytes"]) + " · one buffer per value "
+              + fmt_bytes(mem["one_buffer_per_value_bytes"]) + " · resident peak "
+              + fmt_bytes(mem["resident_peak_bytes"]), "meta")
+    lt = liveness.lifetimes_at(f, step)
+    if lt.empty:
+        page.text(f"Liveness: {NOT_RECORDED} for this step.", "note")
+    else:
+        page.figure(figures.liveness_figure(lt, liveness.live_bytes_curve(f, step), mem))
+    return page.render(get_plotlyjs())
+
+
+def to_html(src: Recording | Frames, path: str | Path, step: int | None = None,
+            title: str = "Workbench recording") -> Path:
+    """Write the report for `step` (default: the last primary step) to `path`; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(src, step, title), encoding="utf-8")
+    return out
+
+

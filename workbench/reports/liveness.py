@@ -1,0 +1,95 @@
+"""Buffer liveness at one step: value lifetimes, the live-bytes curve, planner peak and bound."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from ..trace.memory import liveness_intervals
+from .source import Frames, as_frames
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..trace import Recording
+
+__all__ = ["live_bytes_curve", "memory_at", "lifetimes_at", "values_of_node"]
+
+
+def lifetimes_at(src: Recording | Frames, step: int) -> pd.DataFrame:
+    """One row per value at `step`, ordered by definition: what the Gantt draws.
+
+    Columns: value, storage, owner, bytes, start (first_def; -1 = before the plan),
+    end (last_use, at least start), pinned, released_at, category ("owner",
+    "owner (pinned)", "view", "alias", "input", "initializer", + " (released)"),
+    value_id, owner_id.
+    """
+    f = as_frames(src)
+
+    def build() -> pd.DataFrame:
+        lv = f.get("liveness")
+        lv = lv[lv["step"] == step]
+        out = pd.DataFrame({
+            "value": lv["value"], "storage": lv["storage"], "owner": lv["owner"],
+            "bytes": lv["bytes"].astype("int64"), "start": lv["first_def"].astype("int64"),
+            "end": np.maximum(lv["last_use"].astype("int64"), lv["first_def"].astype("int64")),
+            "pinned": lv["pinned"].astype(bool), "released_at": lv["released_at"].astype("int64"),
+            "value_id": lv["value_id"], "owner_id": lv["owner_id"],
+        })
+        cat = out["storage"].where(~(out["pinned"] & (out["storage"] == "owner")), "owner (pinned)")
+        cat = cat.where(out["released_at"] < 0, cat + " (released)")
+        out.insert(8, "category", cat)
+        return out.sort_values(["start", "end", "value"], kind="stable").reset_index(drop=True)
+
+    return f.memo(("lifetimes", step), build)
+
+
+def live_bytes_curve(src: Recording | Frames, step: int) -> pd.DataFrame:
+    """Bytes of activation buffers live at each plan index of `step`.
+
+    Columns: plan_index, live_bytes (owners whose interval -- producer to last use of
+    the value or of any view/alias into its buffer -- covers the index: what a
+    liveness-based allocator must hold), allocated_bytes (one buffer per value, never
+    reused: every owner defined so far).
+    """
+    f = as_frames(src)
+    n = len(f.get("nodes"))
+    lv = f.get("liveness")
+    lv = lv[lv["step"] == step]
+    ivs = liveness_intervals(lv["value_id"].tolist(), lv["storage"].tolist(), lv["owner_id"].tolist(),
+                             lv["bytes"].tolist(), lv["first_def"].tolist(), lv["last_use"].tolist())
+    size = max(n, 1)
+    delta = np.zeros(size + 1, dtype=np.int64)
+    alloc = np.zeros(size + 1, dtype=np.int64)
+    for iv in ivs:
+        s, e = max(iv.start, 0), min(max(iv.end, iv.start), size - 1)
+        if s >= size:
+            continue
+        delta[s] += iv.size
+        delta[e + 1] -= iv.size
+        alloc[s] += iv.size
+    return pd.DataFrame({"plan_index": np.arange(size), "live_bytes": np.cumsum(delta)[:size],
+                         "allocated_bytes": np.cumsum(alloc)[:size]})
+
+
+def memory_at(src: Recording | Frames, step: int) -> dict[str, Any]:
+    """planner_peak_bytes, lower_bound_bytes, one_buffer_per_value_bytes, resident_peak_bytes
+    and the winning planner heuristic at `step` (None where there are no liveness rows)."""
+    f = as_frames(src)
+    plan = f.memory_plan(step)
+    steps = f.get("steps")
+    row = steps[steps["step"] == step]
+    return {
+        "planner_peak_bytes": plan.peak if plan else None,
+        "lower_bound_bytes": plan.lower_bound if plan else None,
+        "one_buffer_per_value_bytes": plan.naive_total if plan else None,
+        "resident_peak_bytes": int(row["resident_peak_bytes"].iloc[0]) if not row.empty else None,
+        "heuristic": plan.heuristic if plan else None,
+    }
+
+
+def values_of_node(src: Recording | Frames, plan_index: int) -> list[str]:
+    """The names of a node's outputs (what the Gantt highlights when a node is selected)."""
+    nodes = as_frames(src).get("nodes")
+    hit = nodes[nodes["plan_index"] == plan_index]
+    return list(hit["outputs"].iloc[0]) if not hit.empty else []

@@ -1,0 +1,108 @@
+"""`summary(recording)`: the one table a person (or the CLI) reads first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .capture import by_reason, static_verdicts
+from .source import NOT_RECORDED, Frames, as_frames
+from .steps import tokens_frame
+from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..trace import Recording
+
+__all__ = ["summary", "summary_text"]
+
+
+def summary(src: Recording | Frames) -> pd.DataFrame:
+    """One row per fact: section, metric, value (a number, or None), text (with units).
+
+    Sections: plan (nodes, host fallback, static capture verdicts), decode (steps,
+    tokens, prefill ms, median decode ms, tokens/s), memo (actions, views reused,
+    dispatch elided), views (zero-copy views, in-place writes, copies), memory
+    (resident peak, planner peak, lower bound, one buffer per value), capture
+    (segments, replays, declines by reason) -- a section that was not recorded
+    says so in `text` with value None.
+    """
+    f = as_frames(src)
+    rows: list[tuple[str, str, object, str]] = []
+
+    def add(section: str, metric: str, value, text: str | None = None) -> None:
+        rows.append((section, metric, value, text if text is not None else fmt_count(value)))
+
+    nodes = f.get("nodes")
+    add("plan", "nodes", len(nodes))
+    add("plan", "host fallback nodes", int((nodes["kernel"] == "host_fallback").sum()))
+    add("plan", "statically capturable nodes", int(nodes["capture_supported"].fillna(True).astype(bool).sum()))
+    for r in by_reason(static_verdicts(f), "capture_reason").itertuples(index=False):
+        add("plan", f"static verdict: {r.reason}", int(r.declines))
+
+    steps = f.get("steps")
+    add("decode", "steps", len(steps))
+    add("decode", "tokens generated", len(tokens_frame(f)))
+    prefill = steps.loc[steps["phase"] == "prefill", "wall_ms"]
+    decode = steps.loc[steps["phase"] == "decode", "wall_ms"].dropna()
+    add("decode", "prefill", float(prefill.sum()) if len(prefill) else None,
+        fmt_ms(prefill.sum()) if len(prefill) else "—")
+    med = float(np.median(decode)) if len(decode) else None
+    add("decode", "decode step (median)", med, fmt_ms(med))
+    add("decode", "decode tokens/s", 1e3 / med if med else None, fmt_rate(1e3 / med if med else None))
+
+    memo = f.optional("memo_timeline")
+    if memo is None:
+        add("memo", "decode-plan memo", None, NOT_RECORDED)
+    else:
+        counts = memo["action"].value_counts()
+        for action in ("primed", "rebuilt", "replayed", "ineligible", "disabled"):
+            add("memo", f"memo {action}", int(counts.get(action, 0)))
+        add("memo", "views reused", int(memo["views_reused"].fillna(0).sum()))
+        add("memo", "dispatch elided", int(memo["dispatch_elided"].fillna(0).sum()))
+
+    add("views", "zero-copy views created", len(f.get("views")))
+    add("views", "in-place writes", len(f.get("aliases")))
+    mats = f.get("materializations")
+    add("views", "copies (materializations)", len(mats), f"{len(mats):,} ({fmt_bytes(int(mats['bytes'].sum()))})")
+
+    add("memory", "resident peak", int(steps["resident_peak_bytes"].max()) if len(steps) else None,
+        fmt_bytes(steps["resident_peak_bytes"].max() if len(steps) else None))
+    last = int(steps["step"].iloc[-1]) if len(steps) else None
+    plan = f.memory_plan(last) if last is not None else None
+    add("memory", "planner peak (last step)", plan.peak if plan else None, fmt_bytes(plan.peak if plan else None))
+    add("memory", "lower bound (last step)", plan.lower_bound if plan else None,
+        fmt_bytes(plan.lower_bound if plan else None))
+    add("memory", "one buffer per value (last step)", plan.naive_total if plan else None,
+        fmt_bytes(plan.naive_total if plan else None))
+
+    seg = f.optional("segments")
+    if seg is None:
+        add("capture", "capture segmentation", None, NOT_RECORDED)
+    else:
+        last_seg = seg[seg["step"] == seg["step"].max()] if len(seg) else seg
+        add("capture", "captured segments (last step)", int((last_seg["kind"] == "captured").sum()))
+        add("capture", "eager seams (last step)", int((last_seg["kind"] != "captured").sum()))
+        ev = f.optional("capture_events")
+        if ev is not None:
+            counts = ev["event"].value_counts()
+            for event in ("capture", "replay", "retire", "quarantine"):
+                add("capture", f"segment {event}s", int(counts.get(event, 0)))
+        dec = f.optional("capture_declines")
+        if dec is not None and len(dec):
+            last_dec = dec[dec["step"] == dec["step"].max()]
+            for r in by_reason(last_dec).itertuples(index=False):
+                add("capture", f"declines: {r.reason}", int(r.declines))
+    return pd.DataFrame(rows, columns=["section", "metric", "value", "text"])
+
+
+def summary_text(src: Recording | Frames) -> str:
+    """`summary` as aligned plain text, one section after another (for the CLI)."""
+    df = summary(src)
+    width = max((len(m) for m in df["metric"]), default=10)
+    lines: list[str] = []
+    for section, g in df.groupby("section", sort=False):
+        lines.append(f"[{section}]")
+        lines.extend(f"  {m:<{width}}  {t}" for m, t in zip(g["metric"], g["text"]))
+    return "\n".join(lines)
