@@ -440,6 +440,18 @@ def test_logits_match_the_numpy_reference(key, tiny_files, tiny_models):
     assert np.abs(wrong - want).max() > 0.05
 
 
+def test_packed_projections_compute_the_same_model(tiny_files):
+    path, ref = tiny_files["untied"]
+    model = from_gguf(path, packed=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMul") == 4 * TINY["layers"] + 1 and ops.count("Split") == TINY["layers"]
+    cfg = config_of(model)
+    ids = [5, 77, 300, 12, 9, 150]
+    want = reference_logits(ref, ids)
+    for sess in (ort_session(model), workbench.InferenceSession(model)):
+        np.testing.assert_allclose(prefill_logits(sess, cfg, ids), want, rtol=1e-3, atol=2e-3)
+
+
 def test_greedy_decode_is_token_exact_workbench_onnxruntime_reference(tiny_files, tiny_models):
     ref, model = tiny_files["untied"][1], tiny_models["untied"]
     prompt = [7, 200, 31, 150, 64, 9]

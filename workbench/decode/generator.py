@@ -32,9 +32,16 @@ class GenerationResult:
 
     @property
     def decode_latency(self) -> float:
-        """Median seconds per one-token step (prefill excluded)."""
+        """Median seconds per decode run (prefill excluded)."""
         steps = self.step_times[1:]
         return float(np.median(steps)) if steps else float("nan")
+
+    @property
+    def per_token_latency(self) -> float:
+        """Decode seconds per generated token (prefill excluded); speculative runs
+        yield several tokens each."""
+        decoded = len(self.tokens) - 1
+        return float(sum(self.step_times[1:]) / decoded) if decoded > 0 else float("nan")
 
 
 class Generator:
@@ -61,16 +68,27 @@ class Generator:
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
-                 progress: bool = True, return_logits: bool = False) -> GenerationResult:
+                 progress: bool = True, return_logits: bool = False,
+                 speculative: int = 0, ngram: int = 3) -> GenerationResult:
+        """Greedy decode `max_new_tokens` after `input_ids` (batch 1).
+
+        `speculative=k` turns on prompt-lookup speculative decoding: k tokens are
+        drafted from the latest earlier occurrence of the context's last n-gram
+        (n <= `ngram`), verified in one k+1-token run on the `verify` slot, and the
+        longest prefix greedy decoding agrees with is kept — the output is the
+        same as plain greedy decoding, in fewer runs.
+        """
         prompt = [int(t) for t in np.asarray(input_ids).reshape(-1)]
         if not prompt:
             raise DecodeInterfaceError("the prompt is empty: give at least one token")
         if max_new_tokens < 1:
             raise DecodeInterfaceError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if speculative < 0:
+            raise DecodeInterfaceError(f"speculative must be >= 0 draft tokens, got {speculative}")
         eos = self.default_eos if eos_token_id is None else eos_token_id
         mode = self._kv_mode(kv)
         if max_length is None:
-            max_length = len(prompt) + max_new_tokens
+            max_length = len(prompt) + max_new_tokens + speculative
         if max_length < len(prompt) + 1:
             raise DecodeInterfaceError(
                 f"max_length {max_length} is smaller than the prompt ({len(prompt)} tokens) plus one new token"
@@ -83,27 +101,48 @@ class Generator:
         shared = mode == "fixed" and self.supports_shared_buffer
         cache = _KvCache(self.interface, mode, shared, max_length)
         result = GenerationResult(prompt, [], [], mode, shared, False)
-        budget = min(max_new_tokens, max_length - len(prompt))
+        budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
-        pending = prompt
         try:
-            for _ in range(budget):
-                t0 = time.perf_counter()
-                logits = self._step(pending, cache)
-                token = int(np.argmax(logits))
-                result.step_times.append(time.perf_counter() - t0)
+            self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar)
+        finally:
+            bar.close()
+        return result
+
+    def _decode(self, result: GenerationResult, cache: _KvCache, budget: int, eos: int | None,
+                speculative: int, ngram: int, return_logits: bool, bar: Any) -> None:
+        pending = list(result.prompt)  # tokens not yet in the KV cache
+        while len(result.tokens) < budget:
+            draft = _lookup_draft(result.sequence, ngram, speculative) if result.tokens else []
+            t0 = time.perf_counter()
+            if draft:
+                phase, slot = "verify", "verify"
+                logits = self._step(pending + draft, cache, phase, slot)
+                start = cache.length - len(draft) - 1
+                predicted = [int(np.argmax(row)) for row in logits]
+                accepted = 0
+                while accepted < len(draft) and predicted[accepted] == draft[accepted]:
+                    accepted += 1
+                cache.truncate(start + 1 + accepted)
+                new = draft[:accepted] + [predicted[accepted]]
+                rows = logits[: accepted + 1]
+            else:
+                phase = "prefill" if cache.length == 0 else "decode"
+                logits = self._step(pending, cache, phase, "primary")
+                new, rows = [int(np.argmax(logits[-1]))], logits[-1:]
+            result.step_times.append(time.perf_counter() - t0)
+            for token, row in zip(new, rows):
+                if len(result.tokens) >= budget:
+                    break
                 self._record_token(token, cache.length)
                 if return_logits:
-                    result.logits.append(logits)
+                    result.logits.append(row)
                 result.tokens.append(token)
                 bar.update(1)
                 if eos is not None and token == eos:
                     result.stopped_by_eos = True
-                    break
-                pending = [token]
-        finally:
-            bar.close()
-        return result
+                    return
+            pending = [result.tokens[-1]]
 
     def _staged(self, name: str, values: Any) -> np.ndarray:
         """Feed `values` through a persistent int64 buffer per input and shape.
@@ -138,7 +177,8 @@ class Generator:
             return "fixed" if self.interface.kv and self.supports_shared_buffer else "growing"
         return kv
 
-    def _step(self, tokens: list[int], cache: _KvCache) -> np.ndarray:
+    def _step(self, tokens: list[int], cache: _KvCache, phase: str, slot: str) -> np.ndarray:
+        """Run `tokens` through the model; the logits of every position, [n, vocab]."""
         io = self.interface
         n, past_len = len(tokens), cache.length
         feeds: dict[str, np.ndarray] = {io.input_ids: self._staged(io.input_ids, [tokens])}
@@ -148,10 +188,9 @@ class Generator:
             feeds[io.position_ids] = self._staged(io.position_ids, np.arange(past_len, past_len + n)[None, :])
         feeds.update(cache.past_feeds())
         wanted = [io.logits] + cache.wanted_presents()
-        phase = "prefill" if past_len == 0 else "decode"
-        out = run_step(self.session, feeds, cache.bound_presents(), wanted, phase)
+        out = run_step(self.session, feeds, cache.bound_presents(), wanted, phase, slot)
         cache.advance(n, out)
-        return np.asarray(out[io.logits])[0, -1].astype(np.float32, copy=True)
+        return np.asarray(out[io.logits])[0].astype(np.float32, copy=True)
 
 
 class _KvCache:
@@ -188,6 +227,29 @@ class _KvCache:
                 _take(self.arrays[s.past], s.seq_axis, self.length, new_len)[...] = \
                     _take(present, s.seq_axis, self.length, new_len)
         self.length = new_len
+
+    def truncate(self, length: int) -> None:
+        """Forget cache rows past `length` (rejected speculative drafts)."""
+        if self.mode == "growing":
+            for s in self.io.kv:
+                self.arrays[s.past] = _take(self.arrays[s.past], s.seq_axis, 0, length)
+        self.length = length  # fixed buffers: rows past `length` are overwritten later
+
+
+def _lookup_draft(sequence: list[int], ngram: int, k: int) -> list[int]:
+    """Prompt lookup: the k tokens that followed the latest earlier match of the
+    context's last n-gram (longest n first); padded to exactly k so every verify
+    run has the same length. Empty when nothing matches."""
+    if k <= 0:
+        return []
+    for n in range(min(ngram, len(sequence) - 1), 0, -1):
+        tail = sequence[-n:]
+        for start in range(len(sequence) - n - 1, -1, -1):
+            if sequence[start:start + n] == tail:
+                follow = sequence[start + n:start + n + k]
+                if follow:
+                    return follow + [follow[-1]] * (k - len(follow))
+    return []
 
 
 def _kv_shape(slot: KvSlot, length: int) -> tuple[int, ...]:

@@ -16,13 +16,13 @@ def is_workbench_session(session: Any) -> bool:
 
 
 def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str, np.ndarray],
-             wanted: list[str], phase: str = "") -> dict[str, np.ndarray]:
+             wanted: list[str], phase: str = "", slot: str = "primary") -> dict[str, np.ndarray]:
     """Run one step; `bound_outputs` are written in place, `wanted` are returned."""
     ours = is_workbench_session(session)
     if ours:
         from ..session import RunOptions  # noqa: PLC0415 - decode sits above session
 
-        run_options = RunOptions(phase=phase)
+        run_options = RunOptions(phase=phase, slot=slot)
     if not bound_outputs:
         if ours:
             return dict(zip(wanted, session.run(wanted, feeds, run_options)))

@@ -202,13 +202,17 @@ class CaptureRunner:
 
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex
-        for k, j, arr in captured.buffers:
-            if ex._dispatch[k].outs[j] is not arr:
-                return "buffers_reallocated", f"{ex.plan.nodes[k].node.name} output {j} has a new buffer"
         inputs = [entry[0] for entry in captured.signature]
         now = binding_signature(ex._env, inputs)
         if now != captured.signature:
             return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
+        for k, j, arr in captured.buffers:
+            if ex._dispatch[k].outs[j] is not arr:
+                vid = ex.plan.nodes[k].outputs[j]
+                name = ex.graph.values[vid].name
+                if vid in ex._bound_slots:
+                    return "binding_changed", f"{name} address (caller-bound output)"
+                return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:

@@ -34,7 +34,7 @@ import onnx
 
 from workbench.errors import ModelLoadError
 
-from .config import CONFIG_KEY, ModelBuildError, ModelConfig, config_of
+from .config import ModelBuildError, ModelConfig
 from .llama import DecoderWeights, LayerWeights, llama_genai_from_weights
 
 #: architectures whose GGUF tensors map onto the genai Llama graph
@@ -462,6 +462,8 @@ def convert_gguf(
         del model
         (work / STAMP).write_text(json.dumps(stamp, sort_keys=True))
         publish_permissions(work)
+        if _stamp_matches(out_dir, stamp):  # another process finished first: keep its files
+            return out_dir / MODEL_FILE
         if out_dir.exists():
             shutil.rmtree(out_dir, ignore_errors=True)
         try:
@@ -506,11 +508,3 @@ def _stamp_matches(out_dir: Path, stamp: dict) -> bool:
         return False
     return found == stamp and (out_dir / MODEL_FILE).is_file()
 
-
-def model_config_of_file(path: str | os.PathLike) -> ModelConfig:
-    """The `ModelConfig` stored in a saved model, without loading its external weights."""
-    model = onnx.load(str(path), load_external_data=False)
-    for prop in model.metadata_props:
-        if prop.key == CONFIG_KEY:
-            return config_of(model)
-    raise ModelLoadError(f"{str(path)!r} has no {CONFIG_KEY!r} metadata")

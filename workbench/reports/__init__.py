@@ -20,11 +20,11 @@ from .plan import plan_at_step, shapes_at_step
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import latency_frame, slots, step_info, steps_of_slot, tokens_frame
 from .summary import summary, summary_text
-from .views import ViewWalk, view_walk, views_at
+from .views import ViewWalk, most_instructive_view, view_walk, views_at
 
 __all__ = [
     "NOT_RECORDED", "Frames", "ViewWalk", "as_frames", "by_reason", "declines_at", "export", "latency_frame",
-    "lifetimes_at", "live_bytes_curve", "mechanism_lanes", "memory_at", "plan_at_step", "render_html",
+    "lifetimes_at", "live_bytes_curve", "mechanism_lanes", "memory_at", "most_instructive_view", "plan_at_step", "render_html",
     "segments_at", "shapes_at_step", "slots", "static_verdicts", "step_info", "steps_of_slot", "summary",
     "summary_text", "tokens_frame", "to_html", "view_walk", "views_at",
 ]

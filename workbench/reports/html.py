@@ -182,9 +182,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
         page.text("No views were created at this step.", "note")
     else:
         page.table(vw, f"{len(vw)} views")
-        strided = vw[~vw["contiguous"]]
-        pick = (strided if not strided.empty else vw).iloc[0]["value"]
-        walk = views.view_walk(f, step, pick)
+        walk = views.view_walk(f, step, views.most_instructive_view(f, step))
         if walk is not None:
             page.figure(figures.view_walk_figure(walk))
     al = f.get("aliases")
@@ -199,6 +197,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
               + fmt_bytes(mem["one_buffer_per_value_bytes"]) + " · resident peak "
               + fmt_bytes(mem["resident_peak_bytes"]), "meta")
     lt = liveness.lifetimes_at(f, step)
+    page.text("Weights and constants (initializers) are left out: they are not activations.", "note")
     if lt.empty:
         page.text(f"Liveness: {NOT_RECORDED} for this step.", "note")
     else:

@@ -16,13 +16,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["live_bytes_curve", "memory_at", "lifetimes_at", "values_of_node"]
 
 
-def lifetimes_at(src: Recording | Frames, step: int) -> pd.DataFrame:
+def lifetimes_at(src: Recording | Frames, step: int, constants: bool = False) -> pd.DataFrame:
     """One row per value at `step`, ordered by definition: what the Gantt draws.
 
     Columns: value, storage, owner, bytes, start (first_def; -1 = before the plan),
     end (last_use, at least start), pinned, released_at, category ("owner",
     "owner (pinned)", "view", "alias", "input", "initializer", + " (released)"),
-    value_id, owner_id.
+    value_id, owner_id. Initializers (weights and constants: not activations) are left
+    out unless `constants`.
     """
     f = as_frames(src)
 
@@ -39,9 +40,11 @@ def lifetimes_at(src: Recording | Frames, step: int) -> pd.DataFrame:
         cat = out["storage"].where(~(out["pinned"] & (out["storage"] == "owner")), "owner (pinned)")
         cat = cat.where(out["released_at"] < 0, cat + " (released)")
         out.insert(8, "category", cat)
+        if not constants:
+            out = out[out["storage"] != "initializer"]
         return out.sort_values(["start", "end", "value"], kind="stable").reset_index(drop=True)
 
-    return f.memo(("lifetimes", step), build)
+    return f.memo(("lifetimes", step, constants), build)
 
 
 def live_bytes_curve(src: Recording | Frames, step: int) -> pd.DataFrame:

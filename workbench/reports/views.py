@@ -21,7 +21,7 @@ from .source import Frames, as_frames
 if TYPE_CHECKING:  # pragma: no cover
     from ..trace import Recording
 
-__all__ = ["ITEMSIZE", "ViewWalk", "view_walk", "views_at"]
+__all__ = ["ITEMSIZE", "ViewWalk", "most_instructive_view", "view_walk", "views_at"]
 
 #: bytes per element of the values table's dtype names
 ITEMSIZE = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8, "uint64": 8, "int32": 4,
@@ -162,3 +162,24 @@ def view_walk(src: Recording | Frames, step: int, value: str, max_cells: int = 2
                     element_offset=offset, source_shape=src_shape, source_elements=src_elements,
                     order=order, cols=int(cols), rows=int(rows), first_element=int(first_row * cols),
                     truncated=truncated or total > max_elements, notes=notes)
+
+
+def most_instructive_view(src: Recording | Frames, step: int) -> str | None:
+    """The view at `step` whose walk over its source turns back most often (a transpose
+    beats a reshape), ties broken by size; None when the step made no views."""
+    v = views_at(src, step)
+    if v.empty:
+        return None
+    best, best_key = None, None
+    for r in v.itertuples(index=False):
+        shape, strides = tuple(r.shape), tuple(r.strides)
+        n = math.prod(shape)
+        if n > 4096:
+            key = (0, n)
+        else:
+            idx = np.unravel_index(np.arange(n), shape) if shape else ()
+            order = sum((a.astype(np.int64) * s for a, s in zip(idx, strides)), np.zeros(n, np.int64))
+            key = (int((np.diff(order) < 0).sum()), n)
+        if best_key is None or key > best_key:
+            best, best_key = r.value, key
+    return best

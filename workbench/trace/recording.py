@@ -457,6 +457,35 @@ class Recording:
             return pd.DataFrame(columns=columns)
         return self.table("memo")[columns]
 
+    def _named_table(self, name: str, columns: list[str]) -> pd.DataFrame:
+        import pandas as pd
+
+        if name not in self._generic:
+            return pd.DataFrame(columns=columns)
+        frame = self.table(name)
+        return frame[[c for c in columns if c in frame.columns]]
+
+    def segments(self) -> pd.DataFrame:
+        """One row per segment per step and slot: `step, slot, segment, first_node,
+        last_node, node_count, kind` (captured/eager), `state` (captured/replayed/
+        retired/eager). A step that ran fully eager shows one eager segment."""
+        return self._named_table("capture_segments", [
+            "step", "slot", "segment", "first_node", "last_node", "node_count", "kind", "state"])
+
+    def capture_declines(self) -> pd.DataFrame:
+        """Why each seam node is not captured: `step, slot, segment, plan_index, node,
+        op_type, domain, reason, detail, symbols`. Rows are written when a slot's plan
+        is segmented (its capture step); `reason` codes are documented in
+        `workbench.executor.capture.DECLINE_REASONS`."""
+        return self._named_table("capture_declines", [
+            "step", "slot", "segment", "plan_index", "node", "op_type", "domain", "reason",
+            "detail", "symbols"])
+
+    def capture_events(self) -> pd.DataFrame:
+        """`step, slot, segment, event` (capture/replay/retire/quarantine), `reason, duration_s`."""
+        return self._named_table("capture_events", [
+            "step", "slot", "segment", "event", "reason", "duration_s"])
+
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str) -> None:

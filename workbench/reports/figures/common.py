@@ -63,11 +63,12 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
 
 
 def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
-    """Common look: compact margins, horizontal legend above the plot, hover by point."""
+    """Common look: compact margins, legend at the right, hover by point."""
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height,
-        margin={"l": 60, "r": 20, "t": 60, "b": 40}, hovermode="closest", template="plotly_white",
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "font": {"size": 11}},
+        margin={"l": 60, "r": 20, "t": 40, "b": 40}, hovermode="closest", template="plotly_white",
+        legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.01, "xanchor": "left",
+                "font": {"size": 11}, "tracegroupgap": 8},
     )
     return fig
 

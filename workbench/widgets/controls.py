@@ -1,0 +1,78 @@
+"""`StepControl`: previous / play / slider / next over recorded steps, and the slot."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from ..reports import step_info
+from ..reports.units import fmt_ms
+from .model import StepCursor
+
+__all__ = ["StepControl"]
+
+
+class StepControl(W.HBox):
+    """Drives a `StepCursor`: the slider runs over the slot's recorded steps (its value is
+    the position in that list); the label names the step, its phase, time and memo action."""
+
+    def __init__(self, cursor: StepCursor, interval_ms: int = 900):
+        self.cursor = cursor
+        self._syncing = False
+        self.prev_btn = W.Button(description="◀", tooltip="previous step", layout=W.Layout(width="40px"))
+        self.next_btn = W.Button(description="▶", tooltip="next step", layout=W.Layout(width="40px"))
+        self.play = W.Play(interval=interval_ms, min=0, max=0, step=1, description="play", repeat=False)
+        self.slider = W.IntSlider(min=0, max=0, description="step", readout=False, continuous_update=False,
+                                  layout=W.Layout(width="320px"))
+        self.slot = W.Dropdown(options=cursor.slots, value=cursor.slot, description="slot",
+                               layout=W.Layout(width="170px"))
+        self.label = W.HTML()
+        for w, cls in ((self.prev_btn, "wb-prev"), (self.next_btn, "wb-next"), (self.play, "wb-play"),
+                       (self.slider, "wb-slider"), (self.slot, "wb-slot"), (self.label, "wb-step-label")):
+            w.add_class(cls)
+        W.jslink((self.play, "value"), (self.slider, "value"))
+        self.prev_btn.on_click(lambda _b: self._user(cursor.prev))
+        self.next_btn.on_click(lambda _b: self._user(cursor.next))
+        self.slider.observe(self._slider_moved, names="value")
+        self.slot.observe(lambda c: self._user(lambda: cursor.set_slot(c["new"])), names="value")
+        cursor.observe(self._sync, names=["step", "slot", "version"])
+        super().__init__([self.prev_btn, self.play, self.slider, self.next_btn, self.slot, self.label])
+        self.add_class("wb-step-control")
+        self._sync()
+
+    def _user(self, action) -> None:
+        if self._syncing:
+            return
+        self.cursor.follow = False  # the user took the wheel: stop following a live decode
+        action()
+
+    def _slider_moved(self, change) -> None:
+        if not self._syncing:
+            self._user(lambda: self.cursor.go_position(change["new"]))
+
+    def _sync(self, _change=None) -> None:
+        c = self.cursor
+        self._syncing = True
+        try:
+            n = len(c.steps)
+            if list(self.slot.options) != c.slots:
+                self.slot.options = c.slots
+            self.slot.value = c.slot
+            self.slider.max = self.play.max = max(n - 1, 0)
+            self.slider.value = max(c.position, 0)
+            self.prev_btn.disabled = c.position <= 0
+            self.next_btn.disabled = c.position >= n - 1
+            self.label.value = self._describe(n)
+        finally:
+            self._syncing = False
+
+    def _describe(self, n: int) -> str:
+        c = self.cursor
+        if c.step < 0:
+            return "<i>no step recorded yet</i>"
+        info = step_info(c.frames, c.step)
+        memo = f" · memo {html.escape(str(info['memo_action']))}" if info.get("memo_action") else ""
+        tok = f" · token {info['token']}" if info.get("token") is not None else ""
+        return (f"<b>step {c.step}</b> ({c.position + 1}/{n}) · {html.escape(str(info.get('phase') or 'run'))}"
+                f" · {fmt_ms(info.get('wall_ms'))}{memo}{tok}")

@@ -1,0 +1,67 @@
+"""PlanView's model: the plan at a step, paged and filtered, and one node's details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ...reports import Frames, plan_at_step, shapes_at_step
+from ...reports.units import fmt_us
+from .paging import Page, page_of
+
+__all__ = ["TABLE_COLUMNS", "PlanModel"]
+
+#: what the plan table shows
+TABLE_COLUMNS = ["plan_index", "name", "op_type", "kernel", "output_shapes", "mode", "duration_us", "segment",
+                 "group"]
+
+
+class PlanModel:
+    """What PlanView renders at (step, slot); pure pandas."""
+
+    def __init__(self, frames: Frames):
+        self.frames = frames
+
+    def plan(self, step: int, slot: str | None = None) -> pd.DataFrame:
+        """Every node at `step` (see `reports.plan_at_step`)."""
+        return plan_at_step(self.frames, step, slot)
+
+    def table(self, step: int, slot: str | None = None, query: str = "", page: int = 0,
+              size: int = 25) -> Page:
+        """One page of the plan table, filtered by `query` over name, op type, kernel, group."""
+        return page_of(self.plan(step, slot)[TABLE_COLUMNS], page, size, query,
+                       ["name", "op_type", "kernel", "group", "mode"])
+
+    def page_of_node(self, step: int, slot: str | None, plan_index: int, size: int = 25) -> int:
+        """The (unfiltered) table page that holds `plan_index`."""
+        pos = self.plan(step, slot).index[self.plan(step, slot)["plan_index"] == plan_index]
+        return int(pos[0]) // size if len(pos) else 0
+
+    def node(self, step: int, slot: str | None, plan_index: int) -> dict[str, Any] | None:
+        """Everything about one node at `step`: inputs and outputs with their shapes,
+        kernel, what it did (mode, time), its segment or static capture verdict."""
+        p = self.plan(step, slot)
+        hit = p[p["plan_index"] == plan_index]
+        if hit.empty:
+            return None
+        r = hit.iloc[0]
+        shapes = shapes_at_step(self.frames, step)
+        seg = None if pd.isna(r["segment"]) else f"segment {int(r['segment'])} ({r['segment_kind']}, {r['segment_state']})"
+        return {
+            "plan_index": int(r["plan_index"]), "name": r["name"], "op_type": r["op_type"], "domain": r["domain"],
+            "kernel": r["kernel"], "mode": r["mode"],
+            "duration": fmt_us(r["duration_us"]),
+            "inputs": [(n, shapes.get(n, "?")) for n in r["inputs"]],
+            "outputs": [(n, shapes.get(n, "?")) for n in r["outputs"]],
+            "group": r["group"], "segment": seg,
+            "capture_supported": bool(r["capture_supported"]) if not pd.isna(r["capture_supported"]) else None,
+            "capture_reason": None if pd.isna(r["capture_reason"]) else r["capture_reason"],
+            "capture_detail": r["capture_detail"] or "",
+            "produces_view": bool(r["produces_view"]),
+        }
+
+    def options(self) -> list[tuple[str, int]]:
+        """(label, plan index) for a node picker: "#12 MatMul /model/..."."""
+        n = self.frames.get("nodes")
+        return [(f"#{i} {o} {name}", int(i)) for i, o, name in zip(n["plan_index"], n["op_type"], n["name"])]
