@@ -11,3 +11,4 @@ sys.path.insert(0, str(Path(__file__).parent))
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU and CuPy (skipped without)")
     config.addinivalue_line("markers", "browser: drives a real headless browser")
+    config.addinivalue_line("markers", "network: needs the package registry; skips when unreachable")

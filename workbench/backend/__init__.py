@@ -30,7 +30,9 @@ def _cuda_backend() -> Backend:
         available = False
     if not available:
         raise BackendUnavailableError("backend='cuda' was requested but CuPy finds no usable CUDA GPU")
-    raise BackendUnavailableError("the CUDA backend is not implemented yet (see the capture issue)")
+    from .cuda import CudaBackend  # noqa: PLC0415
+
+    return CudaBackend()
 
 
 __all__ = ["Backend", "CpuBackend", "get_backend"]

@@ -35,6 +35,10 @@ class CpuBackend:
     def from_host(self, array: np.ndarray) -> np.ndarray:
         return array
 
+    def adopt(self, value):
+        """A kernel's fresh result as a backend array."""
+        return value if isinstance(value, np.ndarray) else np.asarray(value)
+
     def to_host(self, array: np.ndarray) -> np.ndarray:
         return np.array(array, copy=True)
 
@@ -51,6 +55,9 @@ class CpuBackend:
 
     def end_capture(self, graph: CpuGraph) -> CpuGraph:
         return graph
+
+    def abort_capture(self, graph: CpuGraph) -> None:
+        graph.launches.clear()
 
     def launch(self, graph: CpuGraph) -> None:
         for fn, ins, outs in graph.launches:

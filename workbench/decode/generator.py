@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, discover
-from .runners import model_metadata, model_op_types, run_step
+from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
 #: attention ops that read past and write present in one fixed-capacity buffer
 SHARED_BUFFER_OPS = frozenset({"GroupQueryAttention"})
@@ -65,6 +65,8 @@ class Generator:
         #: positions the model has rotary/learned embeddings for, when it says
         self.max_positions: int | None = config.get("max_positions")
         self._feed_buffers: dict[tuple, np.ndarray] = {}
+        #: arrays the loop keeps (KV cache, staged inputs) live where the session computes
+        self.xp = session.backend.xp if is_workbench_session(session) else np
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
@@ -99,7 +101,7 @@ class Generator:
                 "lower max_new_tokens or max_length"
             )
         shared = mode == "fixed" and self.supports_shared_buffer
-        cache = _KvCache(self.interface, mode, shared, max_length)
+        cache = _KvCache(self.interface, mode, shared, max_length, self.xp)
         result = GenerationResult(prompt, [], [], mode, shared, False)
         budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
@@ -155,7 +157,7 @@ class Generator:
         key = (name, values.shape)
         buf = self._feed_buffers.get(key)
         if buf is None:
-            buf = self._feed_buffers[key] = np.empty(values.shape, np.int64)
+            buf = self._feed_buffers[key] = self.xp.empty(values.shape, np.int64)
         buf[...] = values
         return buf
 
@@ -196,13 +198,13 @@ class Generator:
 class _KvCache:
     """The KV cache of one generation: growing arrays, or one fixed buffer per slot."""
 
-    def __init__(self, io: DecodeInterface, mode: str, shared: bool, capacity: int):
+    def __init__(self, io: DecodeInterface, mode: str, shared: bool, capacity: int, xp: Any = np):
         self.io, self.mode, self.shared, self.capacity = io, mode, shared, capacity
         self.length = 0
         self.arrays: dict[str, np.ndarray] = {}
         for slot in io.kv:
             length = capacity if mode == "fixed" else 0
-            self.arrays[slot.past] = np.zeros(_kv_shape(slot, length), dtype=slot.dtype)
+            self.arrays[slot.past] = xp.zeros(_kv_shape(slot, length), dtype=slot.dtype)
 
     def past_feeds(self) -> dict[str, np.ndarray]:
         if self.mode == "growing" or self.shared:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..ops.registry import CaptureViolation, recording_launches
+from ..ops.registry import recording_launches
 from .capture import (
     CaptureDecline,
     CapturedGraph,
@@ -125,6 +125,7 @@ class CaptureRunner:
         ex = self.ex
         backend = ex.backend
         env = ex._env
+        backend_graph = None
         try:
             for seg in cap.segments:
                 if seg.kind == "eager":
@@ -133,11 +134,12 @@ class CaptureRunner:
                 inputs = external_inputs(ex.plan, seg.nodes)
                 signature = binding_signature(env, inputs)
                 t0 = time.perf_counter()
-                graph = backend.begin_capture()
+                graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
                 with recording_launches(label):
                     run_nodes(seg.nodes, graph=graph)
                 graph = backend.end_capture(graph)
+                backend_graph = None
                 if not backend.capture_executes_work:
                     backend.launch(graph)
                 outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
@@ -148,7 +150,10 @@ class CaptureRunner:
                 if rec is not None:
                     rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
                                 reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
-        except CaptureViolation as violation:
+        except Exception as violation:  # noqa: BLE001 - any failure while recording
+            # CaptureViolation on the CPU; on CUDA also a sync the driver refused
+            if backend_graph is not None:
+                backend.abort_capture(backend_graph)
             failed = ex._capturing_node
             self.quarantined.add((failed.node.domain, failed.node.op_type))
             cap.graphs.clear()

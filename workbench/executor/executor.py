@@ -502,6 +502,8 @@ class Executor:
         except (WorkbenchError, CaptureViolation):
             raise
         except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
+            if graph is not None:
+                raise  # a failure while recording: the capture runner quarantines the op
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", time.perf_counter() - t0)
@@ -558,7 +560,7 @@ class Executor:
             return r
         r = self._adopt(p, vid, r, bindings)
         self._owners[vid] = vid
-        if rec is not None and isinstance(r, np.ndarray):
+        if rec is not None and hasattr(r, "nbytes"):
             rec.materialize(p.index, vid, r.nbytes, "layout op could not alias its input")
         return r
 
@@ -623,8 +625,7 @@ class Executor:
             raise KernelError(f"{p.node.label} produced no value for output {value.name!r}")
         if value.kind != "tensor" or isinstance(r, (list, dict)):
             return r
-        if not isinstance(r, np.ndarray) and not hasattr(r, "__cuda_array_interface__"):
-            r = np.asarray(r)
+        r = self.backend.adopt(r)
         if value.dtype is not None and r.dtype != value.dtype:
             r = r.astype(value.dtype)
         if value.shape is not None and len(value.shape) == r.ndim:

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 
 def storage_root(a: Any) -> Any:
-    """The array at the bottom of a view chain (numpy keeps views alive through `.base`)."""
-    while isinstance(getattr(a, "base", None), np.ndarray):
+    """The array at the bottom of a view chain (numpy and CuPy keep views alive through `.base`)."""
+    while getattr(a, "base", None) is not None and hasattr(a.base, "shape"):
         a = a.base
     return a
 
 
 def is_view_of(result: Any, source: Any) -> bool:
-    if not isinstance(result, np.ndarray) or not isinstance(source, np.ndarray):
-        return False
-    if result.base is None:
+    if getattr(result, "base", None) is None or not hasattr(source, "shape"):
         return False
     return storage_root(result) is storage_root(source)
 
 
 def address(a: Any) -> int:
     """The address of an array's first element (byte offsets are differences of these)."""
-    return a.__array_interface__["data"][0]
+    iface = getattr(a, "__array_interface__", None)
+    return iface["data"][0] if iface is not None else a.data.ptr

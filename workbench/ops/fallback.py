@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from .registry import KernelFn, KernelSpec, NodeInfo, declined
+from .registry import KernelFn, KernelSpec, NodeInfo, declined, host_read
 
 FALLBACK_VERDICT = declined("host_fallback_kernel", "runs through onnx.reference on the host")
 
@@ -43,13 +43,16 @@ def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list
     output_slots = [i for i, n in enumerate(node_proto.output) if n]
     n_out = len(node_proto.output)
 
+    def to_host(value: Any) -> Any:  # onnx.reference computes on host arrays
+        return value if value is None or isinstance(value, (list, np.ndarray)) else host_read(value)
+
     def run(inputs: list, outs: list) -> list:
         feed: dict[str, Any] = {}
         for name, arr in zip(input_names, inputs):
             if name:
-                feed[name] = arr
+                feed[name] = to_host(arr)
         for name, arr in zip(capture_names, inputs[len(input_names):]):
-            feed.setdefault(name, arr)
+            feed.setdefault(name, to_host(arr))
         got = evaluator.run(None, feed)
         results: list[Any] = [None] * n_out
         for slot, value in zip(output_slots, got):

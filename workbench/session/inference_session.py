@@ -134,7 +134,7 @@ class InferenceSession:
     def _check_one(self, v: Value, arr: Any) -> Any:
         if v.kind != "tensor":
             return arr
-        if not isinstance(arr, np.ndarray):
+        if not isinstance(arr, np.ndarray) and not isinstance(arr, self.backend.xp.ndarray):
             if isinstance(arr, (list, tuple, int, float, bool, np.generic)):
                 arr = np.asarray(arr, dtype=v.dtype)
             else:

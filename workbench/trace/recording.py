@@ -486,6 +486,23 @@ class Recording:
         return self._named_table("capture_events", [
             "step", "slot", "segment", "event", "reason", "duration_s"])
 
+    # ------------------------------------------------------------------ reports
+    # Thin delegates to `workbench.reports`, imported inside each call on purpose: the
+    # trace layer is imported by `import workbench` and must not pull in the front end
+    # (plotly) -- nor import a layer above it -- at module import time.
+
+    def to_html(self, path: str, step: int | None = None, title: str = "Workbench recording"):
+        """One self-contained HTML report (plotly figures and tables; opens without a
+        kernel; model-derived names escaped); see `workbench.reports.to_html`."""
+        from ..reports import to_html
+        return to_html(self, path, step=step, title=title)
+
+    def export(self, dir: str) -> pd.DataFrame:
+        """Every frame as `<name>.csv` and `<name>.parquet` in `dir`; returns the index of
+        files written; see `workbench.reports.export`."""
+        from ..reports import export
+        return export(self, dir)
+
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str) -> None:

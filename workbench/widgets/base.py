@@ -41,12 +41,12 @@ class RecordingView(W.VBox):
     """
 
     def __init__(self, source: Any, *, cursor: StepCursor | None = None, controls: bool | None = None,
-                 lock: threading.RLock | None = None):
+                 lock: threading.RLock | None = None, active: bool = True):
         self.frames = as_frames(source)
         standalone = cursor is None
         self.cursor = cursor if cursor is not None else StepCursor(self.frames)
         self.lock = lock if lock is not None else threading.RLock()
-        self.active = True
+        self.active = active
         self._rendered_key: tuple | None = None
         self.message = W.HTML()
         body = self._build()
@@ -55,7 +55,8 @@ class RecordingView(W.VBox):
         super().__init__(([self.controls] if self.controls else []) + [self.message] + body)
         self.add_class("wb-view")
         self.cursor.observe(self._changed, names=["step", "slot", "node", "version"])
-        self.render()
+        if active:
+            self.render()
 
     # -- for subclasses
     def _build(self) -> list[W.Widget]:

@@ -10,7 +10,8 @@ from .memo import MemoModel
 from .paging import Page, page_of
 from .plan import PlanModel
 from .segmentation import SegmentationModel
+from .tokens import token_strip
 from .views import ViewsModel, explain_walk
 
 __all__ = ["LivenessModel", "MemoModel", "Page", "PlanModel", "SegmentationModel", "StepCursor", "ViewsModel",
-           "explain_walk", "page_of"]
+           "explain_walk", "page_of", "token_strip"]

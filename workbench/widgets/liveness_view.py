@@ -1,0 +1,49 @@
+"""`LivenessView`: value lifetimes over the plan at a step, live bytes, peak and bound."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from ..reports.figures import liveness_figure
+from ..reports.units import fmt_bytes
+from .base import RecordingView
+from .figure import figure_widget, show_figure
+from .model import LivenessModel
+
+__all__ = ["LivenessView"]
+
+
+class LivenessView(RecordingView):
+    """A Gantt of value lifetimes over plan index at the selected step (owners, pinned
+    owners, views, aliases, inputs; released buffers marked), the live-bytes curve
+    against one-buffer-per-value, the planner's peak and the lower bound. Click a bar to
+    select the node that defines the value."""
+
+    def _build(self) -> list[W.Widget]:
+        self.model = LivenessModel(self.frames)
+        self.constants = W.Checkbox(value=False, description="show weights and constants", indent=False)
+        self.constants.observe(lambda _c: self.render(force=True), names="value")
+        self.numbers = W.HTML()
+        self.numbers.add_class("wb-memory-numbers")
+        self.figure = figure_widget(560)
+        return [W.HBox([self.numbers, self.constants]), self.figure]
+
+    def _render(self) -> None:
+        c = self.cursor
+        lt = self.model.lifetimes(c.step, self.constants.value)
+        mem = self.model.memory(c.step)
+        self.message.value = "" if not lt.empty else "<i>No liveness rows were recorded for this step.</i>"
+        at = ""
+        if c.node >= 0:
+            live = self.model.live_at(c.step, c.node)
+            at = (f" · at node #{c.node}: {fmt_bytes(live['live_bytes'])} live in "
+                  f"{len(live['values'])} values")
+        self.numbers.value = (
+            f"<b>step {c.step}</b> · planner peak <b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · lower bound "
+            f"{fmt_bytes(mem['lower_bound_bytes'])} · one buffer per value {fmt_bytes(mem['one_buffer_per_value_bytes'])}"
+            f" · resident peak {fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
+        show_figure(self.figure, liveness_figure(lt, self.model.curve(c.step), mem, c.node,
+                                                 self.model.highlight(c.node),
+                                                 title=f"Buffer liveness at step {c.step}"), self.select_node)

@@ -1,0 +1,69 @@
+"""`PlanView`: the execution plan at the selected step -- strip, paged table, node details."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from ..reports.figures import plan_strip_figure
+from ..reports.units import fmt_us
+from .base import RecordingView
+from .figure import figure_widget, show_figure
+from .model import PlanModel
+from .table import PagedTable
+
+__all__ = ["PlanView"]
+
+
+class PlanView(RecordingView):
+    """Every node in plan order: op, output shapes at the step, kernel (native / host
+    fallback), mode and time, and its capture segment (or static verdict when capture
+    segmentation was not recorded). Click a marker to select a node."""
+
+    def _build(self) -> list[W.Widget]:
+        self.model = PlanModel(self.frames)
+        self.figure = figure_widget(460)
+        self.table = PagedTable(size=20, formatters={"duration_us": fmt_us},
+                                filter_columns=["name", "op_type", "kernel", "group", "mode"])
+        self.detail = W.HTML()
+        self.detail.add_class("wb-node-detail")
+        return [self.figure, W.HBox([self.table, self.detail], layout=W.Layout(align_items="flex-start"))]
+
+    def _render(self) -> None:
+        c = self.cursor
+        plan = self.model.plan(c.step, c.slot)
+        self.message.value = ""
+        show_figure(self.figure, plan_strip_figure(
+            plan, c.node, title=f"Execution plan at step {c.step} ({len(plan)} nodes)"), self.select_node)
+        page = None
+        if c.node >= 0 and not self.table.query.value:
+            page = self.model.page_of_node(c.step, c.slot, c.node, self.table.size)
+        node = c.node
+        self.table.set_frame(plan[self.table_columns()], page, lambda r: r["plan_index"] == node)
+        self.detail.value = node_detail_html(self.model.node(c.step, c.slot, node)) if node >= 0 else \
+            "<i>Click a node in the strip (or pick one above) to see its inputs, outputs and verdict.</i>"
+
+    @staticmethod
+    def table_columns() -> list[str]:
+        from .model.plan import TABLE_COLUMNS
+
+        return TABLE_COLUMNS
+
+
+def node_detail_html(d: dict | None) -> str:
+    if d is None:
+        return "<i>node not in the plan</i>"
+    e = html.escape
+
+    def io(rows):
+        return "".join(f"<li><code>{e(n)}</code> {e(s)}</li>" for n, s in rows) or "<li>—</li>"
+
+    verdict = ("capturable" if d["capture_supported"] else
+               f"declines: <b>{e(str(d['capture_reason']))}</b> — {e(d['capture_detail'])}")
+    return (f"<div style='padding-left:12px;max-width:520px'><b>#{d['plan_index']} {e(d['name'])}</b><br>"
+            f"{e(d['op_type'])}{(' (' + e(d['domain']) + ')') if d['domain'] else ''} · kernel {e(d['kernel'])}"
+            f"{' · produces a view' if d['produces_view'] else ''}<br>"
+            f"this step: {e(d['mode'])}, {e(d['duration'])}<br>"
+            f"{e(d['segment']) if d['segment'] else 'segment: ' + e(d['group'])}<br>static verdict: {verdict}"
+            f"<br>inputs<ul>{io(d['inputs'])}</ul>outputs<ul>{io(d['outputs'])}</ul></div>")

@@ -1,0 +1,81 @@
+"""`ViewAliasView`: zero-copy views and in-place writes at a step, and a view's walk."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from ..reports.figures import view_walk_figure
+from .base import RecordingView
+from .figure import figure_widget, show_figure
+from .model import ViewsModel, explain_walk
+from .table import PagedTable
+
+__all__ = ["ViewAliasView"]
+
+_VIEW_COLUMNS = ["value", "source", "shape", "strides", "byte_offset", "op", "plan_index", "contiguous"]
+
+
+class ViewAliasView(RecordingView):
+    """Which values are views of which owners at the step (shape, strides, byte offset),
+    in-place aliases, and a drawing of how the chosen view walks its source buffer:
+    the source as a grid of elements, each read cell coloured by the view element that
+    reads it, a line following the view's order."""
+
+    def _build(self) -> list[W.Widget]:
+        self.model = ViewsModel(self.frames)
+        self.pick = W.Dropdown(description="view", layout=W.Layout(width="640px"))
+        self.pick.add_class("wb-view-pick")
+        self.explain = W.HTML()
+        self.walk_fig = figure_widget(360)
+        self.walk_box = W.Box([self.walk_fig])
+        self.views_table = PagedTable(size=12)
+        self.alias_table = PagedTable(size=8)
+        self._syncing = False
+        self._value: str | None = None
+        self.pick.observe(self._picked, names="value")
+        return [self.pick, W.HBox([self.walk_box, self.explain]), W.HTML("<b>Views at this step</b>"),
+                self.views_table, W.HTML("<b>In-place writes at this step</b> (value written into a dead "
+                                         "input's buffer)"), self.alias_table]
+
+    def _render(self) -> None:
+        c = self.cursor
+        views = self.model.views(c.step)
+        node_view = self.model.value_for_node(c.step, c.node) if c.node >= 0 else None
+        names = list(views["value"])
+        if node_view:
+            self._value = node_view
+        elif self._value not in names:
+            self._value = self.model.default_value(c.step)
+        self._syncing = True
+        try:
+            self.pick.options = [(f"{v} ← {s} ({o})", v) for v, s, o in zip(views["value"], views["source"],
+                                                                          views["op"])]
+            self.pick.value = self._value if self._value in names else None
+        finally:
+            self._syncing = False
+        self.message.value = "" if names else "<i>No zero-copy views were created at this step.</i>"
+        self._render_walk()
+        value = self._value
+        self.views_table.set_frame(views[_VIEW_COLUMNS], None, lambda r: r["value"] == value)
+        self.alias_table.set_frame(self.model.aliases(c.step))
+
+    def _render_walk(self) -> None:
+        walk = self.model.walk(self.cursor.step, self._value)
+        self.walk_box.layout.display = None if walk else "none"
+        if walk is None:
+            self.explain.value = ""
+            return
+        show_figure(self.walk_fig, view_walk_figure(walk, title=f"{html.escape(walk.value)[-70:]}"))
+        self.explain.value = ("<div style='max-width:420px;padding-left:10px'>"
+                              + "<br>".join(html.escape(s) for s in explain_walk(walk)) + "</div>")
+
+    def _picked(self, change) -> None:
+        if self._syncing or change["new"] is None:
+            return
+        self._value = change["new"]
+        self._render_walk()
+        views = self.model.views(self.cursor.step)
+        value = self._value
+        self.views_table.set_frame(views[_VIEW_COLUMNS], None, lambda r: r["value"] == value)

@@ -1,0 +1,166 @@
+"""`DecodeWorkbench`: every view in tabs, one step control, tokens, node selection."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as W
+
+from ..errors import WorkbenchError
+from ..reports import Frames, summary
+from .base import as_frames
+from .controls import StepControl
+from .liveness_view import LivenessView
+from .memo_timeline import MemoTimeline
+from .model import PlanModel, StepCursor, token_strip
+from .plan_view import PlanView
+from .segmentation_view import SegmentationView
+from .table import frame_html
+from .view_alias_view import ViewAliasView
+
+__all__ = ["DecodeWorkbench"]
+
+TABS = ("Plan", "Segmentation", "Memo & capture", "Views & aliases", "Liveness", "Summary")
+
+_TOKEN_STYLE = {"prompt": "color:#777", "before": "", "current": "background:#ffd54f;font-weight:700",
+                "after": "color:#bbb"}
+
+
+class DecodeWorkbench(W.VBox):
+    """All the views in tabs, driven by one step control and one node selection.
+
+    `DecodeWorkbench(recording)` (or a saved recording's directory) replays what was
+    recorded. `DecodeWorkbench(generator, prompt, max_new_tokens=16)` decodes live on a
+    thread: each step appears as soon as it is recorded (`wait()` blocks until done;
+    `step_delay` seconds between steps make it watchable). `decode_text(ids) -> str`
+    shows the text of the tokens so far.
+    """
+
+    def __init__(self, source: Any, prompt: Sequence[int] | None = None, max_new_tokens: int = 16, *,
+                 decode_text: Callable[[list[int]], str] | None = None, step_delay: float = 0.0,
+                 start: bool = True, **generate_kwargs: Any):
+        self.lock = threading.RLock()
+        self.live = None
+        self.prompt = list(prompt) if prompt is not None else None
+        self.decode_text = decode_text
+        generator = _as_generator(source) if prompt is not None else None
+        if generator is not None:
+            rec = getattr(generator.session, "recording", None)
+            if rec is None:
+                raise WorkbenchError("the generator's session records nothing (SessionOptions(trace=False)): "
+                                     "create it with trace=True to watch it decode")
+            self.frames = Frames(rec)
+        else:
+            self.frames = as_frames(source)
+        self.cursor = StepCursor(self.frames, follow=generator is not None)
+        self.controls = StepControl(self.cursor)
+        self.node_pick = W.Dropdown(options=[("(no node selected)", -1)] + PlanModel(self.frames).options(),
+                                    value=-1, description="node", layout=W.Layout(width="560px"))
+        self.node_pick.add_class("wb-node-pick")
+        self.progress = W.IntProgress(min=0, max=max_new_tokens, description="decode",
+                                      layout=W.Layout(display="none" if generator is None else None))
+        self.tokens = W.HTML()
+        self.tokens.add_class("wb-tokens")
+        kw = {"cursor": self.cursor, "controls": False, "lock": self.lock}
+        self.views = [cls(self.frames, active=i == 0, **kw) for i, cls in enumerate(
+            (PlanView, SegmentationView, MemoTimeline, ViewAliasView, LivenessView))]
+        self.summary = W.HTML()
+        self.tabs = W.Tab(children=[*self.views, self.summary])
+        for i, name in enumerate(TABS):
+            self.tabs.set_title(i, name)
+        self.tabs.observe(self._tab_changed, names="selected_index")
+        self.tabs.selected_index = 0
+        self._tab_changed()
+        title = W.HTML(f"<b>Decode workbench</b> · {len(self.frames.get('nodes'))} plan nodes")
+        super().__init__([title, self.tokens, self.controls, W.HBox([self.node_pick, self.progress]), self.tabs])
+        self.add_class("wb-workbench")
+        self.node_pick.observe(self._node_picked, names="value")
+        self.cursor.observe(self._cursor_changed, names=["step", "node", "version"])
+        self._cursor_changed()
+        if generator is not None:
+            from .live import LiveDecode
+
+            self.live = LiveDecode(generator, self.prompt, max_new_tokens, self._on_live_step, self.lock,
+                                   step_delay, **generate_kwargs)
+            if start:
+                self.live.start()
+
+    # -- live decode
+    def _on_live_step(self, done: int) -> None:
+        with self.lock:
+            self.progress.value = done
+            if not self.live.running or done >= self.progress.max:
+                self.progress.bar_style = "success" if self.live.error is None else "danger"
+            self.cursor.refresh()
+            if self.live.error is not None:
+                self.tokens.value += (f"<div style='color:#d62728'>decode failed: "
+                                      f"{html.escape(str(self.live.error))}</div>")
+
+    def start(self) -> DecodeWorkbench:
+        if self.live is not None and self.live._thread.ident is None:
+            self.live.start()
+        return self
+
+    def wait(self, timeout: float | None = None):
+        """Block until a live decode ends (re-raising its error); returns its GenerationResult."""
+        if self.live is None:
+            return None
+        result = self.live.wait(timeout)
+        self._on_live_step(len(result.tokens) if result is not None else 0)
+        return result
+
+    # -- selection
+    def _tab_changed(self, _change=None) -> None:
+        idx = self.tabs.selected_index
+        for i, v in enumerate(self.views):
+            v.active = i == idx
+        if idx is not None and idx < len(self.views):
+            self.views[idx].set_active(True)
+        elif idx == len(self.views):
+            self._render_summary()
+
+    def _node_picked(self, change) -> None:
+        if change["new"] is not None and change["new"] != self.cursor.node:
+            self.cursor.select_node(change["new"])
+
+    def _cursor_changed(self, _change=None) -> None:
+        with self.lock:
+            if self.node_pick.value != self.cursor.node:
+                self.node_pick.value = self.cursor.node
+            strip = token_strip(self.frames, self.cursor.step, self.prompt, self.decode_text)
+            spans = " ".join(f"<span style='{_TOKEN_STYLE[k]}'>{t}</span>" for t, k in strip["items"])
+            text = f"<div><i>{html.escape(strip['text'])}</i></div>" if strip["text"] is not None else ""
+            self.tokens.value = (f"<div style='font-family:var(--jp-code-font-family,monospace)'>tokens: "
+                                 f"{spans or '—'}</div>{text}")
+            if self.tabs.selected_index == len(self.views):
+                self._render_summary()
+
+    def _render_summary(self) -> None:
+        s = summary(self.frames)[["section", "metric", "text"]]
+        self.summary.value = frame_html(s)
+
+    # -- shortcuts
+    @property
+    def recording(self):
+        return self.frames.recording
+
+    def select_step(self, step: int) -> None:
+        self.cursor.follow = False
+        self.cursor.go(step)
+
+    def select_node(self, plan_index: int) -> None:
+        self.cursor.select_node(plan_index)
+
+
+def _as_generator(source: Any):
+    """A Generator for live decoding (an InferenceSession gets one)."""
+    from ..decode import Generator
+
+    if isinstance(source, Generator) or hasattr(source, "generate"):
+        return source
+    if hasattr(source, "run") and hasattr(source, "recording"):
+        return Generator(source)
+    raise TypeError(f"live decoding needs a Generator or an InferenceSession, got {type(source).__name__}")
