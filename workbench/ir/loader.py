@@ -112,10 +112,41 @@ def prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
     try:
         with contrib_shape_inference(opset_map(proto)):
-            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+            proto = _infer_without_weight_bytes(proto)
     except Exception:  # noqa: BLE001 - shapes are then resolved just in time
         pass
     return proto
+
+
+LARGE_INITIALIZER = 4096  # bytes: bigger initializers never feed shape computations
+
+
+def _infer_without_weight_bytes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference copies the whole model several times; weights only need their
+    dims, so their bytes are set aside during inference and put back after."""
+    weights: dict[str, bytes] = {}
+    for t in proto.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) > LARGE_INITIALIZER:
+            weights[t.name] = t.raw_data
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL  # dims only; never read
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", "set-aside-during-shape-inference"
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    finally:
+        for model in (proto,):
+            _restore(model, weights)
+    _restore(inferred, weights)
+    return inferred
+
+
+def _restore(model: onnx.ModelProto, weights: dict[str, bytes]) -> None:
+    for t in model.graph.initializer:
+        if t.name in weights and not t.HasField("raw_data"):
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = weights[t.name]
 
 
 def opset_map(proto: onnx.ModelProto) -> dict[str, int]:
