@@ -1,56 +1,45 @@
-"""`workbench demo`: decode with the built-in small llama and compare with onnxruntime."""
+"""`workbench demo`: chat with SmolLM2-135M-Instruct (or a built-in model), recording
+everything; write `workbench-report/` and print the summary."""
 
 from __future__ import annotations
 
 import argparse
-import time
 
-DEMO_PROMPT = [1, 415, 2936, 9060, 285, 1142, 461, 754, 272, 17898, 3914, 28723]
+from .report import decode_and_report, stream_printer
+
+DEMO_QUESTION = "Explain in a few sentences why the sky is blue."
+FALLBACK_PROMPT = [1, 415, 2936, 868, 285, 1142, 461, 754, 272, 1514, 3914, 4147]
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .. import Generator, InferenceSession, models  # noqa: PLC0415
+    from .. import models  # noqa: PLC0415
+    from ..errors import ModelLoadError  # noqa: PLC0415
 
-    t0 = time.perf_counter()
-    model = models.llama(args.size, flavor="genai", seed=0)
-    data = model.SerializeToString()
-    built = time.perf_counter() - t0
+    if not args.builtin:
+        try:
+            path, tokenizer = models.smollm2(gguf_path=args.gguf)
+        except ModelLoadError as e:
+            print(f"SmolLM2 could not be obtained ({e}); using the built-in small llama instead.")
+        else:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": DEMO_QUESTION}])
+            print(f"model: SmolLM2-135M-Instruct (converted from GGUF: {path})")
+            print(f"user: {DEMO_QUESTION}\nassistant: ", end="", flush=True)
+            return decode_and_report(path, prompt, args.tokens, out_dir=args.out,
+                                     eos_token_id=tokenizer.eos_token_id,
+                                     on_token=stream_printer(tokenizer), label="SmolLM2-135M-Instruct")
+    model = models.llama("small", flavor="genai", seed=0)
     cfg = models.config_of(model)
-    print(f"model: built-in llama ({args.size}, genai flavour): {models.count_parameters(model) / 1e6:.1f} M "
-          f"parameters, {cfg.num_layers} layers, built in {built:.1f} s")
-    session = InferenceSession(data)
-    prompt = [t % cfg.vocab for t in DEMO_PROMPT]
-    result = Generator(session).generate(prompt, args.tokens, progress=True, eos_token_id=-1)
-    rows = [("workbench", result)]
-    try:
-        import onnxruntime as ort  # noqa: PLC0415
-
-        peer = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-        peer_result = Generator(peer).generate(prompt, args.tokens, progress=False, eos_token_id=-1)
-        rows.append(("onnxruntime", peer_result))
-    except ImportError:
-        peer_result = None
-    print(f"prompt ({len(prompt)} tokens): {prompt}")
-    print(f"generated {len(result.tokens)} tokens (KV cache: {result.kv_mode}"
-          f"{', shared past/present buffer' if result.shared_buffer else ''}): {result.tokens}")
-    print(f"\n{'runtime':<14}{'prefill ms':>12}{'ms/token':>10}{'tokens/s':>10}")
-    for name, r in rows:
-        per_token = r.decode_latency
-        print(f"{name:<14}{r.step_times[0] * 1e3:>12.1f}{per_token * 1e3:>10.2f}{1 / per_token:>10.1f}")
-    if peer_result is not None:
-        ratio = result.decode_latency / peer_result.decode_latency
-        same = "identical" if peer_result.tokens == result.tokens else "DIFFERENT"
-        print(f"\nworkbench per-token latency is {ratio:.2f}x onnxruntime's; tokens are {same}")
-    else:
-        print("\n(onnxruntime is not installed: no comparison)")
-    return 0 if peer_result is None or peer_result.tokens == result.tokens else 1
+    print(f"model: built-in llama (small, genai flavour, random weights: {cfg.num_layers} layers); "
+          "its tokens are ids, not text")
+    prompt = [t % cfg.vocab for t in FALLBACK_PROMPT]
+    return decode_and_report(model, prompt, args.tokens, out_dir=args.out, eos_token_id=-1,
+                             label="built-in llama (small)")
 
 
 def add_parser(sub) -> None:
-    demo = sub.add_parser("demo", help="decode 64 tokens with the built-in small llama; compare with onnxruntime")
-    demo.add_argument("--size", default="small", choices=["tiny", "small"])
+    demo = sub.add_parser("demo", help="chat with SmolLM2 (or the built-in small llama); write workbench-report/")
     demo.add_argument("--tokens", type=int, default=64)
+    demo.add_argument("--out", default="workbench-report")
+    demo.add_argument("--builtin", action="store_true", help="skip SmolLM2; use the built-in small llama")
+    demo.add_argument("--gguf", default=None, help="a SmolLM2-135M-Instruct Q4_1 GGUF you already have")
     demo.set_defaults(func=run_demo)
-
-
-__all__ = ["add_parser", "run_demo"]

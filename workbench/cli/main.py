@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import WorkbenchError
-from . import demo
+from . import demo, report
 
 
 def _random_input(arg, dims: dict[str, int], rng: np.random.Generator) -> np.ndarray:
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=cmd_run)
     demo.add_parser(sub)
+    report.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

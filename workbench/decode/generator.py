@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,12 @@ class Generator:
     def __init__(self, session: Any):
         self.session = session
         self.interface: DecodeInterface = discover(session)
+        if self.interface.other_inputs:
+            raise DecodeInterfaceError(
+                f"cannot interpret the model's inputs {self.interface.other_inputs}: the Generator "
+                "feeds input_ids, attention_mask, position_ids and past_key_values.{i}.key/value "
+                "(or past.{i}.*, past_key_{i}, ...) with matching present outputs"
+            )
         ops = model_op_types(session) or set()
         self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS)
         meta = model_metadata(session)
@@ -71,14 +78,16 @@ class Generator:
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
                  progress: bool = True, return_logits: bool = False,
-                 speculative: int = 0, ngram: int = 3) -> GenerationResult:
+                 speculative: int = 0, ngram: int = 3,
+                 on_token: Callable[[int], None] | None = None) -> GenerationResult:
         """Greedy decode `max_new_tokens` after `input_ids` (batch 1).
 
         `speculative=k` turns on prompt-lookup speculative decoding: k tokens are
         drafted from the latest earlier occurrence of the context's last n-gram
         (n <= `ngram`), verified in one k+1-token run on the `verify` slot, and the
         longest prefix greedy decoding agrees with is kept — the output is the
-        same as plain greedy decoding, in fewer runs.
+        same as plain greedy decoding, in fewer runs. `on_token(id)` is called for
+        every new token as it is decided (e.g. to stream text).
         """
         prompt = [int(t) for t in np.asarray(input_ids).reshape(-1)]
         if not prompt:
@@ -106,13 +115,14 @@ class Generator:
         budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
         try:
-            self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar)
+            self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar, on_token)
         finally:
             bar.close()
         return result
 
     def _decode(self, result: GenerationResult, cache: _KvCache, budget: int, eos: int | None,
-                speculative: int, ngram: int, return_logits: bool, bar: Any) -> None:
+                speculative: int, ngram: int, return_logits: bool, bar: Any,
+                on_token: Callable[[int], None] | None) -> None:
         pending = list(result.prompt)  # tokens not yet in the KV cache
         while len(result.tokens) < budget:
             draft = _lookup_draft(result.sequence, ngram, speculative) if result.tokens else []
@@ -141,6 +151,8 @@ class Generator:
                     result.logits.append(row)
                 result.tokens.append(token)
                 bar.update(1)
+                if on_token is not None:
+                    on_token(token)
                 if eos is not None and token == eos:
                     result.stopped_by_eos = True
                     return
