@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builtin_models import BUILT_IN, PROMPT
 
 import workbench
 from workbench import Generator, SessionOptions, models
 from workbench.executor.capture import DECLINE_REASONS
 from workbench.ops.registry import host_read
 
-BUILT_IN = {
-    "gpt2": lambda: models.gpt2("tiny"),
-    "llama-onnx": lambda: models.llama("tiny", flavor="onnx"),
-    "llama-genai": lambda: models.llama("tiny", flavor="genai"),
-    "llama-genai-int4": lambda: models.llama("tiny", flavor="genai", quant="int4"),
-    "phi3": lambda: models.phi3("tiny"),
-}
-PROMPT = list(range(3, 11))
 REPEATING = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # prompt lookup finds drafts here
 
 

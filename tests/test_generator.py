@@ -8,18 +8,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from builtin_models import BUILT_IN
 from onnx import TensorProto, helper
 
 import workbench
 from workbench import DecodeInterfaceError, Generator, models
 
-MODELS = {
-    "gpt2": lambda: models.gpt2("tiny"),
-    "llama-onnx": lambda: models.llama("tiny", flavor="onnx"),
-    "llama-genai": lambda: models.llama("tiny", flavor="genai"),
-    "llama-genai-int4": lambda: models.llama("tiny", flavor="genai", quant="int4"),
-    "phi3-longrope": lambda: models.phi3("tiny", longrope=True),
-}
+MODELS = BUILT_IN
 SHORT_PROMPT = list(range(3, 11))  # 8 tokens
 LONG_PROMPT = [(7 * i + 5) % 200 + 3 for i in range(20)]  # past phi3 tiny's LongRoPE threshold (16)
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builtin_models import BUILT_IN, PROMPT
 
 import workbench
 from workbench import Generator, SessionOptions, models
 from workbench.errors import MemoVerifyError
-
-BUILT_IN = {
-    "gpt2": lambda: models.gpt2("tiny"),
-    "llama-onnx": lambda: models.llama("tiny", flavor="onnx"),
-    "llama-genai": lambda: models.llama("tiny", flavor="genai"),
-    "llama-genai-int4": lambda: models.llama("tiny", flavor="genai", quant="int4"),
-    "phi3": lambda: models.phi3("tiny"),
-}
-PROMPT = list(range(3, 11))
 
 
 def _session(name, **options):

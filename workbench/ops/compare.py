@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ALL_PLAIN, BOOL, NUMERIC
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register, ufunc_kernel
 
 STRING = np.dtype(object)
 
@@ -32,16 +32,8 @@ def _ufunc_builder(name: str) -> Callable[[NodeInfo], KernelFn]:
     """Builder for a comparison / logic op that is exactly one ufunc (unary or binary)."""
 
     def build(info: NodeInfo) -> KernelFn:
-        xp: Any = np if _is_string(info) else info.xp
-        fn = getattr(xp, name)
-        if len(info.input_dtypes) == 1:
-            def unary(inputs: list, outs: list) -> tuple:
-                return (fn(inputs[0], out=outs[0]),)
-            return unary
-
-        def binary(inputs: list, outs: list) -> tuple:
-            return (fn(inputs[0], inputs[1], out=outs[0]),)
-        return binary
+        xp: Any = np if _is_string(info) else info.xp  # strings live on the host
+        return ufunc_kernel(getattr(xp, name), len(info.input_dtypes))
 
     return build
 

@@ -7,6 +7,12 @@ cache writes are built from those arrays with elementwise ops and fancy indexing
 from host copies of their values, so the kernels stay recordable into a device graph.
 The one unavoidable host read is GroupQueryAttention's ``total_sequence_length`` when a
 present / output_qk shape depends on it and the executor could not preallocate it.
+
+The exception is GroupQueryAttention's one-token decode fast path (batch 1, one new
+token), taken on the numpy backend only: it reads ``seqlens_k`` on the host to slice
+the caches to 0..pos. That is sound there because a CPU recorded-launch graph re-runs
+the kernel on every replay (the value is read afresh, never baked in); device backends
+always take the general path.
 """
 
 from __future__ import annotations
@@ -54,6 +60,41 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool)
     if rot_dim < x.shape[-1]:
         rot = xp.concatenate([rot, x[..., rot_dim:]], axis=-1)
     return rot
+
+
+_PAIR_SIGN = {dt: np.array([[-1.0], [1.0]], dtype=dt) for dt in (np.float32, np.float64)}
+
+
+def _rotate_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int,
+                 interleaved: bool) -> np.ndarray:
+    """`rotate` of a 2-D [M, H] numpy array by one cos/sin row ([rot_dim / 2]), into a
+    fresh array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
+
+    Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin) as
+    x * cos + swap(x) * (-sin, sin), the swap being a reversed view of the halves.
+    """
+    rows, width = x.shape
+    half = rot_dim // 2
+    if interleaved:
+        out = np.empty_like(x)
+        x1, x2 = x[:, 0:rot_dim:2], x[:, 1:rot_dim:2]
+        real, imag = out[:, 0:rot_dim:2], out[:, 1:rot_dim:2]
+        tmp = x2 * sin
+        np.multiply(x1, cos, out=real)
+        np.subtract(real, tmp, out=real)
+        np.multiply(x1, sin, out=tmp)
+        np.multiply(x2, cos, out=imag)
+        np.add(imag, tmp, out=imag)
+        if rot_dim < width:
+            out[:, rot_dim:] = x[:, rot_dim:]
+        return out
+    halves = x[:, :rot_dim].reshape(rows, 2, half)
+    out = halves * cos
+    out += halves[:, ::-1] * (_PAIR_SIGN[x.dtype.type] * sin)
+    out = out.reshape(rows, rot_dim)
+    if rot_dim < width:
+        out = np.concatenate((out, x[:, rot_dim:]), axis=1)
+    return out
 
 
 def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
@@ -208,6 +249,10 @@ def _same_buffer(a: Any, b: Any) -> bool:
 _GQA_INPUTS = 17
 _I_TOTAL = 6
 
+#: GroupQueryAttention's one-token decode fast path (numpy backend); tests switch it off
+#: to compare it with the general path
+DECODE_FAST_PATH = True
+
 
 def _gqa_capture(info: NodeInfo) -> CaptureVerdict:
     """Capturable unless a used output's shape needs total_sequence_length's value and the
@@ -245,6 +290,12 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     land at [P_b, ...) of the present cache; the present cache holds past rows [0, P_b),
     the new rows and zeros elsewhere, or, when present is the very buffer of past (shared
     KV buffer), only the new rows are written. The present length is max(total, past).
+
+    One-token decode (batch 1, S 1, no query_seqlens or output_qk, a past and both
+    presents) takes a fast path on the numpy backend: Q/K are rotated with the one cos/sin
+    row, K/V written at pos = seqlens_k[0] straight into the present buffer, and attention
+    runs over views of rows 0..pos (no working cache, no masks); every other case takes
+    the general path, with which it agrees to float32 rounding.
     """
     xp = info.xp
     num_heads = int(info.attr("num_heads"))
@@ -283,7 +334,168 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     def total_length(total_tensor: Any) -> int:
         return const_total if const_total is not None else _host_int(total_tensor)
 
-    def run(inputs: list, outs: list) -> list:
+    used_present = (used(info, 1), used(info, 2))
+    used_qk = bool(qk_output) and used(info, 3)
+    sink_zero = np.zeros((1, 1, 1), dtype=F32) if smooth_softmax else None
+    # the one-token decode fast path reads seqlens_k on the host: only on the numpy
+    # backend, where a recorded launch re-runs the kernel (nothing is baked in)
+    decode_fast = xp is np
+
+    def decode_token(inputs: list, outs: list) -> list | None:
+        """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
+        general path's result computed over views of 0..pos, or None where it does not
+        apply. K/V go straight into the present buffer at pos = seqlens_k[0]."""
+        n_in, n_out = len(inputs), len(outs)
+        query = inputs[0]
+        if n_in < 7 or n_out < 3 or query.shape[0] != 1 or query.shape[1] != 1:
+            return None
+        key, value, past_key, past_value, seqlens_k, total_tensor = inputs[1:7]
+        position_ids = attention_bias = head_sink = None
+        cos_cache = sin_cache = None
+        if n_in > 7:
+            cos_cache, sin_cache = inputs[7], inputs[8] if n_in > 8 else None
+            if n_in > 9:
+                position_ids = inputs[9]
+                attention_bias = inputs[10] if n_in > 10 else None
+                head_sink = inputs[11] if n_in > 11 else None
+                for extra in inputs[14:17]:  # q/k norm (the general path rejects them), query_seqlens
+                    if extra is not None:
+                        return None
+        if past_key is None or past_value is None or seqlens_k.size != 1:
+            return None
+        if n_out > 3 and (outs[3] is not None or used_qk):
+            return None
+        out_k, out_v = outs[1], outs[2]
+        if (out_k is None and not used_present[0]) or (out_v is None and not used_present[1]):
+            return None
+        if key is None:
+            head_size = query.shape[2] // (num_heads + 2 * kv_num_heads)
+        else:
+            head_size = query.shape[2] // num_heads
+            if (value is None or key.shape != (1, 1, kv_num_heads * head_size)
+                    or value.shape != key.shape):
+                return None
+        cache_shape = past_key.shape
+        past_len = cache_shape[2]
+        if (past_value.shape != cache_shape or cache_shape[0] != 1 or cache_shape[1] != kv_num_heads
+                or cache_shape[3] != head_size):
+            return None
+        pos = int(seqlens_k.item())
+        if pos < 0 or pos > past_len:  # rows of 0..pos the past does not hold are zeros there
+            return None
+        if out_v is not None:
+            present_len = out_v.shape[2]
+        elif out_k is not None:
+            present_len = out_k.shape[2]
+        else:
+            present_len = max(total_length(total_tensor), past_len)
+        if pos >= present_len:
+            return None
+        present_shape = (1, kv_num_heads, present_len, head_size)
+        shared = []
+        for out, past in ((out_k, past_key), (out_v, past_value)):
+            if out is None:
+                shared.append(False)
+                continue
+            if out.shape != present_shape:
+                return None
+            same = _same_buffer(out, past)
+            if not same and (np.may_share_memory(out, past_key) or np.may_share_memory(out, past_value)):
+                return None
+            shared.append(same)
+        rotary_cos = rotary_sin = None
+        if do_rotary:
+            if cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size:
+                return None
+            p = pos if position_ids is None else int(position_ids.reshape(-1)[0])
+            p = min(max(p, 0), cos_cache.shape[0] - 1)
+            rotary_cos, rotary_sin = cos_cache[p], sin_cache[p]
+        if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
+                                           or attention_bias.shape[2] != 1
+                                           or attention_bias.shape[3] <= pos):
+            return None
+
+        ct = compute_dtype(query.dtype)
+        qdt = query.dtype
+        cache_dtype = past_key.dtype
+        q_hidden, kv_hidden = num_heads * head_size, kv_num_heads * head_size
+        if key is None:
+            flat = query.reshape(-1)
+            q_rows = flat[:q_hidden + kv_hidden].reshape(num_heads + kv_num_heads, head_size)
+            v_row = flat[q_hidden + kv_hidden:q_hidden + 2 * kv_hidden].reshape(kv_num_heads, head_size)
+        else:
+            q_rows = query.reshape(num_heads, head_size)
+            v_row = value.reshape(kv_num_heads, head_size)
+        if do_rotary:
+            if key is not None:
+                q_rows = np.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
+            c, s = rotary_cos, rotary_sin
+            if c.dtype != ct:
+                c, s = c.astype(ct), s.astype(ct)
+            qk = _rotate_rows(q_rows.astype(ct, copy=False), c, s, 2 * c.shape[0], interleaved)
+            if qdt != ct:  # onnxruntime stores the rotated Q/K in T
+                qk = qk.astype(qdt).astype(ct)
+            q, k_row = qk[:num_heads], qk[num_heads:]
+        else:
+            q = q_rows[:num_heads].astype(ct, copy=False)
+            k_row = q_rows[num_heads:] if key is None else key.reshape(kv_num_heads, head_size)
+
+        # the present caches: rows 0..pos-1 from past, the new row at pos, zeros after
+        # (a shared buffer keeps its rows after pos)
+        presents = []
+        for out, past, row, same in ((out_k, past_key, k_row, shared[0]),
+                                     (out_v, past_value, v_row, shared[1])):
+            if out is None:
+                out = np.zeros(present_shape, dtype=cache_dtype)
+                out[:, :, :pos] = past[:, :, :pos]
+            elif not same:
+                out[:, :, :pos] = past[:, :, :pos]
+                out[:, :, pos + 1:] = 0
+            out[0, :, pos] = row
+            presents.append(out)
+
+        lo = max(pos + 1 - local_window, 0) if local_window > 0 else 0
+        keys = presents[0][0, :, lo:pos + 1]  # [KV, L, H]
+        values = presents[1][0, :, lo:pos + 1]
+        if cache_dtype != ct:
+            keys, values = keys.astype(ct), values.astype(ct)
+        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+        scores = np.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
+        scores *= ct.type(alpha)  # [KV, G, L]
+        if softcap > 0.0:
+            cap = ct.type(softcap)
+            np.divide(scores, cap, out=scores)
+            np.tanh(scores, out=scores)
+            np.multiply(scores, cap, out=scores)
+        if attention_bias is not None:
+            bias = attention_bias[0, :, 0, lo:pos + 1]
+            if bias.shape[0] != 1:
+                bias = bias.reshape(kv_num_heads, group, pos + 1 - lo)
+            scores += bias.astype(ct, copy=False)
+        sink = None
+        if head_sink is not None:
+            sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
+        elif sink_zero is not None:
+            sink = sink_zero.astype(ct, copy=False)
+        row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
+        if sink is not None:
+            row_max = np.maximum(row_max, sink)
+        scores -= row_max
+        np.exp(scores, out=scores)
+        denom = np.add.reduce(scores, axis=-1, keepdims=True)
+        if sink is not None:
+            denom += np.exp(sink - row_max)
+        scores /= denom
+
+        out = outs[0]
+        if (out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden)
+                and out.flags.c_contiguous):
+            np.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
+        else:
+            out = emit(out, np.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+        return [out, presents[0], presents[1]] + [None] * (n_out - 3)
+
+    def general(inputs: list, outs: list) -> list:
         (query, key, value, past_key, past_value, seqlens_k, total_tensor, cos_cache, sin_cache,
          position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm, k_norm,
          query_seqlens) = pad_inputs(inputs, _GQA_INPUTS)[:_GQA_INPUTS]
@@ -454,6 +666,13 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 qk = xp.concatenate([qk, pad], axis=-1)
             results[3] = emit(outs[3], qk, dtype)
         return results
+
+    def run(inputs: list, outs: list) -> list:
+        if decode_fast and DECODE_FAST_PATH:
+            results = decode_token(inputs, outs)
+            if results is not None:
+                return results
+        return general(inputs, outs)
 
     return run
 

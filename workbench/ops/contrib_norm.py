@@ -13,7 +13,12 @@ normalised in float32 (the sum output is rounded, the normalisation is not).
 
 from __future__ import annotations
 
-from .contrib import F32, HALF_AND_FLOAT, MS_DOMAIN, compute_dtype, emit, out_dtype, pad_inputs
+import math
+from typing import Any
+
+import numpy as np
+
+from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .registry import KernelFn, NodeInfo, register
 
 
@@ -22,40 +27,80 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     eps = float(info.attr("epsilon", 1e-12))
     dtype = out_dtype(info)
     sum_dtype = out_dtype(info, 3)
-    n_in = 4 if simplified else 5
+    wanted = tuple(_wanted(info, index, [None] * 4) for index in range(4))
+    if xp is np:
+        row_sum = np.add.reduce
+    else:
+        def row_sum(a: Any, axis: int, keepdims: bool) -> Any:
+            return xp.sum(a, axis=axis, keepdims=keepdims)
+    scalars: dict = {}  # (compute dtype, hidden) -> (hidden, eps) as scalars of that dtype
 
     def run(inputs: list, outs: list) -> list:
-        ins = pad_inputs(inputs, n_in)
+        n_in, n_out = len(inputs), len(outs)
+        x, skip, gamma = inputs[0], inputs[1], inputs[2]
         if simplified:
-            x, skip, gamma, bias = ins[:4]
-            beta = None
+            beta, bias = None, inputs[3] if n_in > 3 else None
         else:
-            x, skip, gamma, beta, bias = ins[:5]
-        ct = compute_dtype(x.dtype)
-        s = x.astype(ct) + skip.astype(ct)
+            beta, bias = inputs[3] if n_in > 3 else None, inputs[4] if n_in > 4 else None
+        ct = F64 if x.dtype == F64 else F32
+        shape = x.shape
+        hidden = shape[-1]
+        consts = scalars.get((ct, hidden))
+        if consts is None:
+            consts = scalars[(ct, hidden)] = (ct.type(hidden), ct.type(eps))
+        y_out = outs[0]
+        sum_out = outs[3] if n_out > 3 else None
+        # the sum goes straight into the sum output where that holds the compute dtype
+        s_buf = sum_out if (sum_out is not None and sum_out.dtype == ct and sum_out.shape == shape
+                            and bias is None) else None
+        s = xp.add(x, skip, out=s_buf, dtype=ct)
         if bias is not None:
-            s = s + bias.astype(ct)
-        hidden = s.shape[-1]
-        mean_sq = xp.sum(s * s, axis=-1, keepdims=True) / ct.type(hidden)
-        if simplified:
-            mean = None
-            denom = xp.sqrt(mean_sq + ct.type(eps))
-            y = s / denom * gamma.astype(ct)
+            xp.add(s, bias, out=s, dtype=ct)
+        # y's buffer (the output itself where it holds the compute dtype) first takes s * s
+        y = y_out if (y_out is not None and y_out.dtype == ct and y_out.shape == s.shape) else None
+        y = xp.multiply(s, s, out=y)
+        mean = None
+        if simplified and xp is np and s.size == hidden:
+            # one row (decode): the scale as host scalars of the compute dtype, with the
+            # array path's roundings (a float64 sqrt rounded to float32 is float32's sqrt)
+            flat = y.reshape(-1)
+            denom = ct.type(math.sqrt(np.add.reduce(flat) / consts[0] + consts[1]))
+            np.divide(s.reshape(-1), denom, out=flat)
+            if gamma.ndim == 1:
+                np.multiply(flat, gamma, out=flat, dtype=ct)
+            else:
+                np.multiply(y, gamma, out=y, dtype=ct)
         else:
-            mean = xp.sum(s, axis=-1, keepdims=True) / ct.type(hidden)
-            denom = xp.sqrt(mean_sq - mean * mean + ct.type(eps))
-            y = (s - mean) / denom * gamma.astype(ct)
+            mean_sq = row_sum(y, axis=-1, keepdims=True)
+            mean_sq /= consts[0]
+            if simplified:
+                denom = mean_sq
+                denom += consts[1]
+                xp.sqrt(denom, out=denom)
+                xp.divide(s, denom, out=y)
+            else:
+                mean = row_sum(s, axis=-1, keepdims=True)
+                mean /= consts[0]
+                denom = xp.multiply(mean, mean)
+                xp.subtract(mean_sq, denom, out=denom)
+                denom += consts[1]
+                xp.sqrt(denom, out=denom)
+                xp.subtract(s, mean, out=y)
+                xp.divide(y, denom, out=y)
+            xp.multiply(y, gamma, out=y, dtype=ct)
             if beta is not None:
-                y = y + beta.astype(ct)
-        results: list = [emit(outs[0], y, dtype), None, None, None]
-        n_out = len(outs)
-        if n_out > 1 and _wanted(info, 1, outs):
-            m = xp.zeros(denom.shape, dtype=F32) if mean is None else mean
+                xp.add(y, beta, out=y, dtype=ct)
+        results: list = [y if y is y_out else emit(y_out, y, dtype), None, None, None]
+        if n_out > 1 and (outs[1] is not None or wanted[1]):
+            m = xp.zeros(shape[:-1] + (1,), dtype=F32) if mean is None else mean
             results[1] = emit(outs[1], m, F32)
-        if n_out > 2 and _wanted(info, 2, outs):
-            results[2] = emit(outs[2], ct.type(1.0) / denom, F32)
-        if n_out > 3 and _wanted(info, 3, outs):
-            results[3] = emit(outs[3], s, sum_dtype)
+        if n_out > 2 and (outs[2] is not None or wanted[2]):
+            inv = ct.type(1.0) / denom
+            if not hasattr(inv, "shape") or inv.shape != shape[:-1] + (1,):
+                inv = xp.full(shape[:-1] + (1,), inv, dtype=ct)
+            results[2] = emit(outs[2], inv, F32)
+        if n_out > 3 and (sum_out is not None or wanted[3]):
+            results[3] = s if s is sum_out else emit(sum_out, s, sum_dtype)
         return results[:max(n_out, 1)]
 
     return run

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ALL_PLAIN, FLOATS, NUMERIC, SIGNED_INTS, UNSIGNED_INTS
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, ufunc_kernel
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -66,15 +66,7 @@ def _ufunc_builder(name: str) -> Callable[[NodeInfo], KernelFn]:
     """Builder for an op that is exactly one ufunc of the backend (any arity)."""
 
     def build(info: NodeInfo) -> KernelFn:
-        fn = getattr(info.xp, name)
-        if len(info.input_dtypes) == 1:
-            def unary(inputs: list, outs: list) -> tuple:
-                return (fn(inputs[0], out=outs[0]),)
-            return unary
-
-        def binary(inputs: list, outs: list) -> tuple:
-            return (fn(inputs[0], inputs[1], out=outs[0]),)
-        return binary
+        return ufunc_kernel(getattr(info.xp, name), len(info.input_dtypes))
 
     return build
 

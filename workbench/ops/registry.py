@@ -217,6 +217,18 @@ class recording_launches:
 # --- small helpers kernel modules share -------------------------------------------
 
 
+def ufunc_kernel(fn: Callable[..., Any], arity: int) -> KernelFn:
+    """A KernelFn calling one (numpy or CuPy) ufunc with `out=`, unary or binary."""
+    if arity == 1:
+        def unary(inputs: list, outs: list) -> tuple:
+            return (fn(inputs[0], out=outs[0]),)
+        return unary
+
+    def binary(inputs: list, outs: list) -> tuple:
+        return (fn(inputs[0], inputs[1], out=outs[0]),)
+    return binary
+
+
 def single(fn: Callable[..., Any]) -> KernelFn:
     """Adapt `fn(*inputs, out=array_or_None) -> array` to the KernelFn contract."""
 
