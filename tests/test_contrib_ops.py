@@ -709,6 +709,150 @@ def build_info(node, inputs, out_dtypes, out_shapes, constants=None):
         output_used=tuple(True for _ in out_dtypes), constant_inputs=constants or {})
 
 
+# --- GroupQueryAttention: the one-token decode fast path ---------------------------------
+
+DECODE_LAYOUTS = {
+    # name: (past capacity, position, share_buffer): the shared KV buffer of capacity 256;
+    # a separate present of the past's capacity; a past of exactly pos rows (present pos + 1)
+    "shared": (256, 100, True),
+    "shared_first": (8, 0, True),
+    "capacity": (16, 9, False),
+    "exact": (11, 11, False),
+}
+
+
+def _general_path_forbidden(monkeypatch):
+    """Make GroupQueryAttention's general path fail, so a run that succeeds took the fast path."""
+    import workbench.ops.contrib_attention as ca
+
+    def boom(*args, **kwargs):
+        raise AssertionError("GroupQueryAttention took the general path")
+
+    monkeypatch.setattr(ca, "_masked_softmax", boom)
+
+
+def check_decode_paths(inputs, attrs, *, share_buffer, rtol=1e-6, atol=1e-6):
+    """The fast path against the general one, on the same inputs (fresh and preallocated
+    outputs; the shared case on copies of one past buffer each)."""
+    import workbench.ops.contrib_attention as ca
+
+    expected, node = run_ort_gqa(inputs, attrs, GQA_OUTPUTS, share_buffer)
+    _, fn = build_kernel(node, 1, inputs, GQA_OUTPUTS, [e.dtype for e in expected],
+                         [e.shape for e in expected])
+
+    def run(fast, preallocated):
+        arrays = [None if a is None else a.copy() for _, a in inputs]
+        outs = [None, None, None]
+        if preallocated:
+            outs = [np.full(e.shape, np.nan, e.dtype) for e in expected]
+            if share_buffer:
+                outs[1:] = arrays[3], arrays[4]
+        saved = ca.DECODE_FAST_PATH
+        ca.DECODE_FAST_PATH = fast
+        try:
+            got = fn(arrays, list(outs))
+        finally:
+            ca.DECODE_FAST_PATH = saved
+        for o, g in zip(outs, got, strict=True):
+            assert o is None or g is o
+        return got
+
+    for preallocated in (False, True):
+        general, fast = run(False, preallocated), run(True, preallocated)
+        for i, (g, f) in enumerate(zip(general, fast, strict=True)):
+            assert f.shape == g.shape and f.dtype == g.dtype
+            np.testing.assert_allclose(f.astype(np.float64), g.astype(np.float64), rtol=rtol, atol=atol,
+                                       err_msg=f"output {i}, preallocated={preallocated}")
+
+
+DECODE_CASES = [(layout, heads, rotary, (i + j) % 2 == 1)
+                for i, layout in enumerate(DECODE_LAYOUTS)
+                for j, (heads, rotary) in enumerate(itertools.product([(9, 3), (4, 4)], ROTARY))]
+
+
+@pytest.mark.parametrize("layout,heads,rotary,packed", DECODE_CASES)
+def test_group_query_attention_decode_fast_path(monkeypatch, layout, heads, rotary, packed):
+    """Batch 1, one new token (head size 64, GQA ratios 3 and 1): the fast path matches
+    onnxruntime and the general path."""
+    cap, pos, share = DECODE_LAYOUTS[layout]
+    num_heads, kv_heads = heads
+    r = rng_for("gqa_decode", layout, heads, rotary, packed)
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=num_heads, kv_heads=kv_heads, head_size=64,
+                             seqlens=[pos], past_cap=cap, packed=packed, rotary=rotary, max_pos=300)
+    attrs = dict(num_heads=num_heads, kv_num_heads=kv_heads, local_window_size=-1)
+    if rotary:
+        attrs.update(do_rotary=1, rotary_interleaved=int(rotary == "interleaved"))
+    check_decode_paths(inputs, attrs, share_buffer=share)
+    _general_path_forbidden(monkeypatch)
+    check_gqa(inputs, attrs, share_buffer=share)
+
+
+DECODE_FEATURES = {
+    # name: (layout, extra make_gqa_inputs kwargs, extra attrs)
+    "softcap": ("shared", dict(rotary="plain"), dict(do_rotary=1, softcap=20.0)),
+    "window": ("shared", dict(rotary="interleaved"), dict(do_rotary=1, rotary_interleaved=1,
+                                                          local_window_size=7)),
+    "window_wider_than_past": ("exact", dict(), dict(local_window_size=40)),
+    "attention_bias": ("exact", dict(attention_bias=True), dict(softcap=20.0)),
+    "attention_bias_bcast": ("capacity", dict(attention_bias="bcast"), dict()),
+    "head_sink": ("shared", dict(head_sink=True, rotary="plain"), dict(do_rotary=1)),
+    "smooth_softmax": ("capacity", dict(), dict(smooth_softmax=1)),
+    "scale": ("shared", dict(), dict(scale=0.05)),
+    "position_ids": ("shared", dict(position_ids=np.array([[37]], np.int64), rotary="plain"),
+                     dict(do_rotary=1)),
+    "partial_rotary": ("exact", dict(rotary="interleaved", rot_dim=32),
+                       dict(do_rotary=1, rotary_interleaved=1)),
+    "partial_rotary_plain": ("shared", dict(rotary="plain", rot_dim=16), dict(do_rotary=1)),
+    "not_causal": ("exact", dict(rotary="plain"), dict(do_rotary=1, causal=0)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(DECODE_FEATURES))
+def test_group_query_attention_decode_fast_path_features(monkeypatch, feature):
+    layout, extra, extra_attrs = DECODE_FEATURES[feature]
+    cap, pos, share = DECODE_LAYOUTS[layout]
+    r = rng_for("gqa_decode_feature", feature)
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=6, kv_heads=2, head_size=64, seqlens=[pos],
+                             past_cap=cap, max_pos=300, **extra)
+    attrs = dict(num_heads=6, kv_num_heads=2, **extra_attrs)
+    check_decode_paths(inputs, attrs, share_buffer=share)
+    _general_path_forbidden(monkeypatch)
+    check_gqa(inputs, attrs, share_buffer=share)
+
+
+@pytest.mark.parametrize("layout", ["shared", "exact"])
+def test_group_query_attention_decode_fast_path_fp16(monkeypatch, layout):
+    cap, pos, share = DECODE_LAYOUTS[layout]
+    r = rng_for("gqa_decode16", layout)
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=9, kv_heads=3, head_size=64, seqlens=[pos],
+                             past_cap=cap, dtype=np.float16, rotary="plain", max_pos=300)
+    attrs = dict(num_heads=9, kv_num_heads=3, do_rotary=1)
+    check_decode_paths(inputs, attrs, share_buffer=share, rtol=2e-3, atol=2e-3)
+    _general_path_forbidden(monkeypatch)
+    check_gqa(inputs, attrs, share_buffer=share, rtol=2e-3, atol=2e-3)
+
+
+def test_group_query_attention_decode_falls_back(monkeypatch):
+    """Cases outside the fast path take the general path (batch 2, output_qk) and still
+    match onnxruntime, as does a one-token chunk with query_seqlens."""
+    _general_path_forbidden(monkeypatch)
+    r = rng_for("gqa_decode_fallback")
+    inputs = make_gqa_inputs(r, batch=2, seq=1, num_heads=4, kv_heads=2, head_size=16,
+                             seqlens=[5, 3], past_cap=8)
+    with pytest.raises(AssertionError, match="general path"):
+        check_gqa(inputs, dict(num_heads=4, kv_num_heads=2), share_buffer=True)
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=4, kv_heads=2, head_size=16,
+                             seqlens=[5], past_cap=8)
+    with pytest.raises(AssertionError, match="general path"):
+        check_gqa(inputs, dict(num_heads=4, kv_num_heads=2, qk_output=1),
+                  outputs=GQA_OUTPUTS + ["output_qk"])
+    monkeypatch.undo()
+    check_gqa(inputs, dict(num_heads=4, kv_num_heads=2, qk_output=1), outputs=GQA_OUTPUTS + ["output_qk"])
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=4, kv_heads=2, head_size=16,
+                             seqlens=[7], past_cap=8, query_seqlens=[1])
+    check_gqa(inputs, dict(num_heads=4, kv_num_heads=2), share_buffer=True)
+
+
 def test_bfloat16_kernels_follow_float32():
     """bfloat16 (no onnxruntime CPU kernel): the kernels widen to float32 and round once,
     so they match onnxruntime's float32 result on the same (bfloat16-exact) values."""
