@@ -14,35 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, MemoVerifyError, WorkbenchError
+from ..errors import KernelError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from ..session.options import SessionOptions
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
-from .memo import (
-    STAGE2_MISMATCH_LIMIT,
-    DecodePlanMemo,
-    MemoStats,
-    ViewPlan,
-    growth_transition,
-    shape_mentions,
-    signature_diff,
-    why_not_growth,
-)
+from .memo import DecodePlanMemo, MemoStats, ViewPlan
+from .memo_steps import DecodeMemoSteps
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shapes import bind_symbols, input_symbols, resolve
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
 from .views import address, is_view_of
-
-
-def _bound_signature(bound: dict[int, Any]) -> tuple:
-    """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
-    return tuple(
-        (vid, arr.__array_interface__["data"][0] if hasattr(arr, "__array_interface__") else id(arr),
-         arr.shape, arr.strides, arr.dtype.str)
-        for vid, arr in bound.items()
-    )
 
 
 @dataclass
@@ -58,7 +41,7 @@ class _Dispatch:
     contiguous: tuple  # input positions the kernel needs C-contiguous
 
 
-class Executor:
+class Executor(DecodeMemoSteps):
     """Executes one graph. Owner buffers persist across runs while their shape holds.
 
     `jit_only` executors (subgraph bodies) never preallocate: each run's values are
@@ -213,159 +196,6 @@ class Executor:
                 contiguous=p.spec.contiguous_inputs,
             ))
 
-    def _replay_prepare(self, memo: DecodePlanMemo, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        """Stage 1 replay: keep the invariant partition, re-substitute only the variant tail."""
-        values, shapes = self.graph.values, self._shapes
-        for vid in memo.variant:
-            shapes[vid] = resolve(values[vid].shape, bindings)
-        for vid, arr in bound.items():
-            shapes[vid] = tuple(arr.shape)
-            k, j = self._bound_slots[vid]
-            self._dispatch[k].outs[j] = arr
-        for k, j, vid, owner in self._variant_slots:
-            self._dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
-        if self.options.decode_memo_verify:
-            self._verify_replay(bindings, bound)
-
-    def _verify_replay(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        for v in self.graph.values:
-            if v.dtype is None or v.id in bound:
-                continue
-            fresh = resolve(v.shape, bindings)
-            if self._shapes.get(v.id) != fresh:
-                raise MemoVerifyError(
-                    f"decode-plan memo replayed shape {self._shapes.get(v.id)} for value {v.name!r} "
-                    f"but a full resolve gives {fresh} (bindings {bindings})"
-                )
-        self.memo_stats.verified += 1
-
-    def _memo_signature(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:
-        """Caller-bound I/O, length-abstracted: value, role, dtype, declared symbolic shape."""
-        key = (tuple((v, getattr(a, "dtype", None)) for v, a in feeds.items()),
-               tuple((v, a.dtype) for v, a in bound.items()))
-        cached = self._signature_cache.get(key)
-        if cached is None:
-            cached = self._signature_cache[key] = self._describe_bindings(feeds, bound)
-        return cached
-
-    def _describe_bindings(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:
-        values = self.graph.values
-        sig = [(values[v].name, "input", str(getattr(a, "dtype", "")), values[v].shape) for v, a in feeds.items()]
-        sig += [(values[v].name, "output", str(a.dtype), values[v].shape) for v, a in bound.items()]
-        return tuple(sorted(sig, key=lambda r: (r[0], r[1])))
-
-    def _plan_step(self, feeds: dict[int, Any], bindings: dict[str, int],
-                   bound: dict[int, Any]) -> tuple[str, str]:
-        """Prepare this step; returns the memo action and its reason."""
-        exact = (tuple(bindings.items()), _bound_signature(bound))
-        self._steady = exact == self._signature
-        if not self.options.decode_memo:
-            if exact != self._signature:
-                self._full_prepare(bindings, bound)
-                self._signature = exact
-            self._view_plan = None
-            return "disabled", "decode memo off"
-        signature = self._memo_signature(feeds, bound)
-        memo = self.memo
-        why = memo.mismatch(bindings, signature) if memo is not None else None
-        if memo is not None and why is None:
-            stage2 = self._stage2_guard()
-            if stage2 is None:
-                self._replay_prepare(memo, bindings, bound)
-                self._signature = exact
-                self._prev_bindings, self._prev_signature = dict(bindings), signature
-                self._steady = True
-                return "replayed", "bindings match the memo"
-            why = stage2
-        self._steady = False
-        prev, prev_sig = self._prev_bindings, self._prev_signature
-        self._prev_bindings, self._prev_signature = dict(bindings), signature
-        self._view_plan = None  # invalidated on every non-replay step
-        if exact != self._signature or memo is not None:
-            self._full_prepare(bindings, bound)
-            self._signature = exact
-        if prev is not None and prev_sig == signature and growth_transition(prev, bindings):
-            self._build_memo(prev, bindings, signature)
-            return "rebuilt", why or "growth transition"
-        self.memo = None
-        if prev is None:
-            return "primed", "first observation"
-        if prev_sig != signature:
-            return "primed", "binding signature changed: " + signature_diff(prev_sig, signature)
-        return "primed", why or why_not_growth(prev, bindings)
-
-    def _build_memo(self, prev: dict[str, int], bindings: dict[str, int], signature: tuple) -> None:
-        varying = frozenset(s for s, v in bindings.items() if prev[s] != v)
-        invariant, variant = {}, []
-        for vid, shape in self._shapes.items():
-            if shape_mentions(self.graph.values[vid].shape, varying):
-                variant.append(vid)
-            else:
-                invariant[vid] = shape
-        self.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
-        variant_set = set(variant)
-        self._variant_slots = [s for s in self._slots if s[2] in variant_set or s[3] in variant_set]
-
-    # -- Stage 2: the cached view plan ---------------------------------------------------
-
-    def _stage2_guard(self) -> str | None:
-        """None when the validated view plan's source buffers are where they were."""
-        plan = self._view_plan
-        if plan is None or not plan.validated:
-            return None
-        for owner, (addr, cap) in plan.sources.items():
-            buf = self._buffers.get(owner, self._env[owner] if owner in self.graph.initializers else None)
-            if buf is None or address(buf) != addr or buf.nbytes != cap:
-                self._stage2_streak += 1
-                self.memo_stats.stage2_mismatches += 1
-                if self._stage2_streak >= STAGE2_MISMATCH_LIMIT:
-                    self._stage2_latched = self.memo_stats.stage2_latched = True
-                name = self.graph.values[owner].name
-                return f"view plan source {name!r} moved or resized"
-        self._stage2_streak = 0
-        return None
-
-    def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
-        """Build candidates after a rebuild; validate them on the next replay."""
-        if self._stage2_latched or not self.options.views:
-            self._view_plan = None
-            return
-        if action == "rebuilt":
-            self._view_plan = self._candidate_view_plan(observed)
-        elif action == "replayed" and self._view_plan is not None and not self._view_plan.validated:
-            plan = self._view_plan
-            same = all(vid in observed and observed[vid][1:] == geo[1:] for vid, geo in plan.views.items())
-            if same:
-                plan.views = {vid: observed[vid] for vid in plan.views}
-                plan.validated = True
-            else:
-                self._view_plan = None
-
-    def _candidate_view_plan(self, observed: dict[int, tuple]) -> ViewPlan | None:
-        memo = self.memo
-        nodes, views, sources = set(), {}, {}
-        for p in self.plan.nodes:
-            if not (p.spec.produces_view and self.options.views):
-                continue
-            outs = [v for v in p.outputs if v >= 0]
-            if not outs or any(v not in memo.invariant or v not in observed for v in outs):
-                continue
-            owners = {observed[v][1] for v in outs}
-            if not all(o in self._buffers or o in self.graph.initializers for o in owners):
-                continue  # views of caller feeds or just-in-time arrays: their storage is not ours
-            nodes.add(p.index)
-            for v in outs:
-                views[v] = observed[v]
-            for o in owners:
-                buf = self._buffers.get(o, self._env[o])
-                sources[o] = (address(buf), buf.nbytes)
-        return ViewPlan(frozenset(nodes), views, sources) if nodes else None
-
-    def memo_state(self) -> str:
-        if self._stage2_latched:
-            return "latched"
-        return self._view_plan.state if self._view_plan is not None else "none"
-
     # -- running --------------------------------------------------------------------
 
     def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None,
@@ -432,43 +262,6 @@ class Executor:
             self._emit_liveness(rec, env, released, pinned)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         return env
-
-    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> None:
-        """Stage 2: the node's views are as they were; put them back without dispatching."""
-        if self.options.decode_memo_verify:
-            fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
-        for j, vid in enumerate(p.outputs):
-            if vid < 0:
-                continue
-            view, owner, shape, strides, offset = plan.views[vid]
-            if self.options.decode_memo_verify and not (
-                    is_view_of(fresh[j], view) and address(fresh[j]) == address(view)
-                    and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
-                raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
-            env[vid] = view
-            self._owners[vid] = owner
-            if owner not in pinned:
-                pinned.add(owner)
-                if rec is not None:
-                    rec.buffer("pin", owner, 0, p.index)
-            if rec is not None:
-                rec.view(vid, owner, shape, strides, offset, p.index)
-        if rec is not None:
-            rec.node(p.index, "elided", 0.0)
-
-    def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
-                       resolve_s: float, elided: int) -> None:
-        memo = self.memo
-        rec.add_row(
-            "memo", slot=slot, phase=phase, action=action, reason=reason,
-            varying=sorted(memo.varying) if memo is not None else [],
-            invariant_values=len(memo.invariant) if memo is not None else 0,
-            variant_values=len(memo.variant) if memo is not None else 0,
-            resolve_ms=resolve_s * 1e3, stage2=self.memo_state(),
-            views_reused=sum(len(self.plan.nodes[k].outputs) for k in self._view_plan.nodes)
-            if elided else 0,
-            dispatch_elided=elided, mismatch_streak=self._stage2_streak,
-        )
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
                        released: dict[int, int], pinned: set[int], graph: Any = None) -> None:

@@ -51,7 +51,7 @@ class RecordingView(W.VBox):
         self.message = W.HTML()
         body = self._build()
         show_controls = standalone if controls is None else controls
-        self.controls = StepControl(self.cursor) if show_controls else None
+        self.controls = StepControl(self.cursor, lock=self.lock) if show_controls else None
         super().__init__(([self.controls] if self.controls else []) + [self.message] + body)
         self.add_class("wb-view")
         self.cursor.observe(self._changed, names=["step", "slot", "node", "version"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import threading
 
 import ipywidgets as W
 
@@ -17,8 +18,9 @@ class StepControl(W.HBox):
     """Drives a `StepCursor`: the slider runs over the slot's recorded steps (its value is
     the position in that list); the label names the step, its phase, time and memo action."""
 
-    def __init__(self, cursor: StepCursor, interval_ms: int = 900):
+    def __init__(self, cursor: StepCursor, interval_ms: int = 900, lock: threading.RLock | None = None):
         self.cursor = cursor
+        self.lock = lock if lock is not None else threading.RLock()
         self._syncing = False
         self.prev_btn = W.Button(description="◀", tooltip="previous step", layout=W.Layout(width="40px"))
         self.next_btn = W.Button(description="▶", tooltip="next step", layout=W.Layout(width="40px"))
@@ -44,8 +46,9 @@ class StepControl(W.HBox):
     def _user(self, action) -> None:
         if self._syncing:
             return
-        self.cursor.follow = False  # the user took the wheel: stop following a live decode
-        action()
+        with self.lock:  # never read a live Recording while a step is being written
+            self.cursor.follow = False  # the user took the wheel: stop following a live decode
+            action()
 
     def _slider_moved(self, change) -> None:
         if not self._syncing:
@@ -53,19 +56,23 @@ class StepControl(W.HBox):
 
     def _sync(self, _change=None) -> None:
         c = self.cursor
-        self._syncing = True
-        try:
-            n = len(c.steps)
-            if list(self.slot.options) != c.slots:
-                self.slot.options = c.slots
-            self.slot.value = c.slot
-            self.slider.max = self.play.max = max(n - 1, 0)
-            self.slider.value = max(c.position, 0)
-            self.prev_btn.disabled = c.position <= 0
-            self.next_btn.disabled = c.position >= n - 1
-            self.label.value = self._describe(n)
-        finally:
-            self._syncing = False
+        with self.lock:
+            self._syncing = True
+            try:
+                self._update(c)
+            finally:
+                self._syncing = False
+
+    def _update(self, c: StepCursor) -> None:
+        n = len(c.steps)
+        if list(self.slot.options) != c.slots:
+            self.slot.options = c.slots
+        self.slot.value = c.slot
+        self.slider.max = self.play.max = max(n - 1, 0)
+        self.slider.value = max(c.position, 0)
+        self.prev_btn.disabled = c.position <= 0
+        self.next_btn.disabled = c.position >= n - 1
+        self.label.value = self._describe(n)
 
     def _describe(self, n: int) -> str:
         c = self.cursor

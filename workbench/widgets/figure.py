@@ -4,33 +4,55 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ipywidgets as W
 import plotly.graph_objects as go
 
-__all__ = ["figure_widget", "show_figure"]
+__all__ = ["FigureHolder", "show_figure"]
 
 
-def figure_widget(height: int = 360) -> go.FigureWidget:
-    fw = go.FigureWidget()
-    fw.update_layout(height=height, template="plotly_white")
-    return fw
+class FigureHolder(W.VBox):
+    """A full-width slot holding one plotly `FigureWidget`.
+
+    The FigureWidget exists from the start (empty): the browser sizes a plot to its
+    container when the container is shown, so a figure first drawn inside a hidden tab
+    still fills the width once the tab opens.
+    """
+
+    def __init__(self) -> None:
+        self.widget = go.FigureWidget(layout={"template": "plotly_white", "height": 120})
+        super().__init__([self.widget], layout=W.Layout(width="100%"))
+        self.add_class("wb-figure")
+
+    def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
+        show_figure(self.widget, fig, on_click)
 
 
 def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
-    """Replace `fw`'s traces and layout with `fig`'s in one update.
+    """Make `fw` show `fig`, in as few front-end redraws as possible.
 
-    `on_click(customdata)` is called with the clicked point's customdata (the plan
-    index or step the figure put there).
+    Same traces as before (count, types, properties set): one batched restyle +
+    relayout, i.e. one redraw. Otherwise the traces are replaced. `on_click(customdata)`
+    is called with the clicked point's customdata (the plan index or step the figure
+    put there).
     """
     layout = fig.layout.to_plotly_json()
     for key in ("shapes", "annotations"):
         layout.setdefault(key, [])
     if fw.layout.template is not None and fw.layout.template == fig.layout.template:
         layout.pop("template", None)  # already there: do not resend it on every step
+    new = [t.to_plotly_json() for t in fig.data]
+    old = [t.to_plotly_json() for t in fw.data]
+    same_shape = len(old) == len(new) and all(
+        a.get("type") == b.get("type") and set(a) == set(b) for a, b in zip(old, new))
     with fw.batch_update():
-        fw.data = ()
-        fw.add_traces(list(fig.data))
+        if same_shape:
+            for trace, data in zip(fw.data, new):
+                trace.update(data, overwrite=True)
+        else:
+            fw.data = ()
+            fw.add_traces(list(fig.data))
         fw.update_layout(layout, overwrite=True)
-    if on_click is not None:
+    if on_click is not None and not same_shape:  # kept traces keep their (replaced) handler
         for trace in fw.data:
             trace.on_click(_clicked(on_click))
 

@@ -1,15 +1,14 @@
 """`LiveDecode`: run a Generator on a thread and show each step as soon as it is recorded.
 
-The Generator's loop has no per-step callback, so the decode runs on a shallow copy
-of the generator whose session is wrapped: the wrapper calls `on_step()` just before
-each run, i.e. when the previous step (and its token) is completely recorded. The
-decode thread holds `lock` while the session runs and releases it between runs, so
-views (which render under the same lock) never read a Recording in mid-step.
+The Generator calls `on_token(id)` for every new token once the step that produced it
+is timed and recorded, i.e. between two runs: the views refresh there (outside the
+Generator's timed region, so `GenerationResult.step_times` stay honest). The decode
+thread holds `lock` while the session runs and releases it only there, so views (which
+render under the same lock) never read a Recording in mid-step.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,31 +17,12 @@ from typing import Any
 __all__ = ["LiveDecode"]
 
 
-class _SteppingSession:
-    """Delegates everything to the real session; calls `before_run` before each run."""
-
-    def __init__(self, session: Any, before_run: Callable[[], None]):
-        self._session = session
-        self._before_run = before_run
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
-
-    def run(self, *args, **kwargs):
-        self._before_run()
-        return self._session.run(*args, **kwargs)
-
-    def run_with_iobinding(self, *args, **kwargs):
-        self._before_run()
-        return self._session.run_with_iobinding(*args, **kwargs)
-
-
 class LiveDecode:
-    """Decode `max_new_tokens` after `prompt` on a thread; `on_step(done)` after each step
-    (`done` = tokens generated so far) and once more at the end."""
+    """Decode `max_new_tokens` after `prompt` on a thread; `on_step(done, finished)` after
+    each new token (`done` = tokens so far) and once more at the end (`finished`)."""
 
     def __init__(self, generator: Any, prompt: Sequence[int], max_new_tokens: int,
-                 on_step: Callable[[int], None], lock: threading.RLock | None = None,
+                 on_step: Callable[[int, bool], None], lock: threading.RLock | None = None,
                  step_delay: float = 0.0, **generate_kwargs: Any):
         self.generator = generator
         self.prompt = list(prompt)
@@ -50,15 +30,20 @@ class LiveDecode:
         self.on_step = on_step
         self.lock = lock if lock is not None else threading.RLock()
         self.step_delay = step_delay
+        self._user_on_token = generate_kwargs.pop("on_token", None)
         self.generate_kwargs = dict(generate_kwargs, progress=False)
         self.result: Any = None
         self.error: BaseException | None = None
-        self._runs = 0
+        self.tokens: list[int] = []
         self._thread = threading.Thread(target=self._main, name="workbench-live-decode", daemon=True)
 
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
 
     def start(self) -> LiveDecode:
         self._thread.start()
@@ -66,31 +51,29 @@ class LiveDecode:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the decode ends; re-raises its error; returns the GenerationResult."""
-        if self._thread.ident is not None:
+        if self.started:
             self._thread.join(timeout)
         if self.error is not None:
             raise self.error
         return self.result
 
-    def _between_runs(self) -> None:
-        if self._runs:
-            self.on_step(self._runs)
-        self._runs += 1
-        self.lock.release()  # let the views in between steps
+    def _on_token(self, token: int) -> None:
+        """Between two runs: the step that chose `token` is completely recorded."""
+        self.tokens.append(int(token))
+        if self._user_on_token is not None:
+            self._user_on_token(token)
+        self.on_step(len(self.tokens), False)
+        self.lock.release()  # let the views in
         try:
-            if self.step_delay:
-                time.sleep(self.step_delay)
-            else:
-                time.sleep(0)
+            time.sleep(self.step_delay)
         finally:
             self.lock.acquire()
 
     def _main(self) -> None:
-        gen = copy.copy(self.generator)
-        gen.session = _SteppingSession(self.generator.session, self._between_runs)
         with self.lock:
             try:
-                self.result = gen.generate(self.prompt, self.max_new_tokens, **self.generate_kwargs)
+                self.result = self.generator.generate(self.prompt, self.max_new_tokens, on_token=self._on_token,
+                                                      **self.generate_kwargs)
             except BaseException as exc:  # noqa: BLE001 - reported by wait() and the view
                 self.error = exc
-        self.on_step(len(self.result.tokens) if self.result is not None else self._runs)
+        self.on_step(len(self.tokens), True)

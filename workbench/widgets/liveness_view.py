@@ -9,7 +9,7 @@ import ipywidgets as W
 from ..reports.figures import liveness_figure
 from ..reports.units import fmt_bytes
 from .base import RecordingView
-from .figure import figure_widget, show_figure
+from .figure import FigureHolder
 from .model import LivenessModel
 
 __all__ = ["LivenessView"]
@@ -27,7 +27,7 @@ class LivenessView(RecordingView):
         self.constants.observe(lambda _c: self.render(force=True), names="value")
         self.numbers = W.HTML()
         self.numbers.add_class("wb-memory-numbers")
-        self.figure = figure_widget(560)
+        self.figure = FigureHolder()
         return [W.HBox([self.numbers, self.constants]), self.figure]
 
     def _render(self) -> None:
@@ -44,6 +44,6 @@ class LivenessView(RecordingView):
             f"<b>step {c.step}</b> · planner peak <b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · lower bound "
             f"{fmt_bytes(mem['lower_bound_bytes'])} · one buffer per value {fmt_bytes(mem['one_buffer_per_value_bytes'])}"
             f" · resident peak {fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
-        show_figure(self.figure, liveness_figure(lt, self.model.curve(c.step), mem, c.node,
+        self.figure.show(liveness_figure(lt, self.model.curve(c.step), mem, c.node,
                                                  self.model.highlight(c.node),
                                                  title=f"Buffer liveness at step {c.step}"), self.select_node)

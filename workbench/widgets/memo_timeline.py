@@ -10,7 +10,7 @@ from ..reports import NOT_RECORDED
 from ..reports.figures import memo_figure
 from ..reports.units import fmt_ms, fmt_rate
 from .base import RecordingView
-from .figure import figure_widget, show_figure
+from .figure import FigureHolder
 from .model import MemoModel
 from .table import PagedTable
 
@@ -23,7 +23,7 @@ class MemoTimeline(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = MemoModel(self.frames)
-        self.figure = figure_widget(440)
+        self.figure = FigureHolder()
         self.at_step = W.HTML()
         self.at_step.add_class("wb-memo-at-step")
         self.table = PagedTable(size=12, formatters={"resolve_ms": fmt_ms})
@@ -33,7 +33,7 @@ class MemoTimeline(RecordingView):
         c = self.cursor
         missing = self.model.missing()
         self.message.value = "".join(f"<div><i>{html.escape(m)}: {NOT_RECORDED}.</i></div>" for m in missing)
-        show_figure(self.figure, memo_figure(self.model.lanes(), self.model.latency(), c.step, missing),
+        self.figure.show(memo_figure(self.model.lanes(), self.model.latency(), c.step, missing),
                     self._go)
         at = self.model.at(c.step)
         info = at["info"]

@@ -9,7 +9,7 @@ import ipywidgets as W
 from ..reports.figures import plan_strip_figure
 from ..reports.units import fmt_us
 from .base import RecordingView
-from .figure import figure_widget, show_figure
+from .figure import FigureHolder
 from .model import PlanModel
 from .table import PagedTable
 
@@ -23,10 +23,11 @@ class PlanView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = PlanModel(self.frames)
-        self.figure = figure_widget(460)
+        self.figure = FigureHolder()
         self.table = PagedTable(size=20, formatters={"duration_us": fmt_us},
                                 filter_columns=["name", "op_type", "kernel", "group", "mode"])
-        self.detail = W.HTML()
+        self.table.layout.width = "66%"
+        self.detail = W.HTML(layout=W.Layout(width="34%"))
         self.detail.add_class("wb-node-detail")
         return [self.figure, W.HBox([self.table, self.detail], layout=W.Layout(align_items="flex-start"))]
 
@@ -34,7 +35,7 @@ class PlanView(RecordingView):
         c = self.cursor
         plan = self.model.plan(c.step, c.slot)
         self.message.value = ""
-        show_figure(self.figure, plan_strip_figure(
+        self.figure.show(plan_strip_figure(
             plan, c.node, title=f"Execution plan at step {c.step} ({len(plan)} nodes)"), self.select_node)
         page = None
         if c.node >= 0 and not self.table.query.value:

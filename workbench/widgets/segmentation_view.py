@@ -9,7 +9,7 @@ import ipywidgets as W
 from ..reports import NOT_RECORDED
 from ..reports.figures import declines_figure, segments_figure
 from .base import RecordingView
-from .figure import figure_widget, show_figure
+from .figure import FigureHolder
 from .model import SegmentationModel
 from .table import PagedTable
 
@@ -25,9 +25,8 @@ class SegmentationView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = SegmentationModel(self.frames)
-        self.segments_fig = figure_widget(320)
-        self.segments_box = W.Box([self.segments_fig])
-        self.reasons_fig = figure_widget(220)
+        self.segments_fig = FigureHolder()
+        self.reasons_fig = FigureHolder()
         self.reason = W.Dropdown(options=[_ALL], value=_ALL, description="reason", layout=W.Layout(width="320px"))
         self.seam_pick = W.Dropdown(options=[("(select a seam)", -1)], value=-1, description="seam",
                                     layout=W.Layout(width="520px"))
@@ -37,24 +36,24 @@ class SegmentationView(RecordingView):
         self._syncing = False
         self.reason.observe(lambda _c: self._render_table(), names="value")
         self.seam_pick.observe(self._seam_picked, names="value")
-        return [self.segments_box, self.reasons_fig, W.HBox([self.reason, self.seam_pick]), self.detail,
+        return [self.segments_fig, self.reasons_fig, W.HBox([self.reason, self.seam_pick]), self.detail,
                 self.table]
 
     def _render(self) -> None:
         c = self.cursor
         recorded = self.model.recorded
-        self.segments_box.layout.display = None if recorded else "none"
+        self.segments_fig.layout.display = None if recorded else "none"
         self.message.value = "" if recorded else (
             f"<b>Capture segmentation: {NOT_RECORDED}.</b> Shown instead: the plan's static capture "
             "verdicts (which nodes could never be captured, and why).")
         if recorded:
             segs = self.model.segments_per_step(c.slot)
-            show_figure(self.segments_fig, segments_figure(
+            self.segments_fig.show(segments_figure(
                 segs, self.model.declines(c.step, c.slot), c.step, c.node,
                 title=f"Capture segments per step · slot {html.escape(c.slot)}"), self.select_node)
         reasons = self.model.reasons(c.step, c.slot)
         title = f"Declines by reason at step {c.step}" if recorded else "Static verdicts by reason"
-        show_figure(self.reasons_fig, declines_figure(reasons, title), self._reason_clicked)
+        self.reasons_fig.show(declines_figure(reasons, title), self._reason_clicked)
         self._syncing = True
         try:
             keep = self.reason.value
@@ -79,9 +78,7 @@ class SegmentationView(RecordingView):
         self.table.set_frame(p.rows, None, lambda r: r.get("plan_index") == node)
 
     def _reason_clicked(self, reason) -> None:
-        import html as _h
-
-        r = _h.unescape(str(reason))
+        r = html.unescape(str(reason))  # the figure carries the escaped text
         if r in self.reason.options:
             self.reason.value = r
 

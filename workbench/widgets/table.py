@@ -42,7 +42,8 @@ def frame_html(df: pd.DataFrame, formatters: dict[str, Callable] | None = None,
             f"<td title=\"{html.escape(_text(row[c]))}\">{html.escape(formatters.get(c, _text)(row[c]))}</td>"
             for c in df.columns)
         body.append(f"<tr{cls}>{cells}</tr>")
-    return f'{_STYLE}<table class="wb-tbl"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return (f'{_STYLE}<div style="overflow-x:auto;max-width:100%"><table class="wb-tbl"><thead><tr>{head}'
+            f'</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
 
 
 class PagedTable(W.VBox):

@@ -8,7 +8,7 @@ import ipywidgets as W
 
 from ..reports.figures import view_walk_figure
 from .base import RecordingView
-from .figure import figure_widget, show_figure
+from .figure import FigureHolder
 from .model import ViewsModel, explain_walk
 from .table import PagedTable
 
@@ -27,15 +27,15 @@ class ViewAliasView(RecordingView):
         self.model = ViewsModel(self.frames)
         self.pick = W.Dropdown(description="view", layout=W.Layout(width="640px"))
         self.pick.add_class("wb-view-pick")
-        self.explain = W.HTML()
-        self.walk_fig = figure_widget(360)
-        self.walk_box = W.Box([self.walk_fig])
+        self.explain = W.HTML(layout=W.Layout(width="38%"))
+        self.walk_fig = FigureHolder()
+        self.walk_fig.layout.width = "62%"
         self.views_table = PagedTable(size=12)
         self.alias_table = PagedTable(size=8)
         self._syncing = False
         self._value: str | None = None
         self.pick.observe(self._picked, names="value")
-        return [self.pick, W.HBox([self.walk_box, self.explain]), W.HTML("<b>Views at this step</b>"),
+        return [self.pick, W.HBox([self.walk_fig, self.explain]), W.HTML("<b>Views at this step</b>"),
                 self.views_table, W.HTML("<b>In-place writes at this step</b> (value written into a dead "
                                          "input's buffer)"), self.alias_table]
 
@@ -63,11 +63,11 @@ class ViewAliasView(RecordingView):
 
     def _render_walk(self) -> None:
         walk = self.model.walk(self.cursor.step, self._value)
-        self.walk_box.layout.display = None if walk else "none"
+        self.walk_fig.layout.display = None if walk else "none"
         if walk is None:
             self.explain.value = ""
             return
-        show_figure(self.walk_fig, view_walk_figure(walk, title=f"{html.escape(walk.value)[-70:]}"))
+        self.walk_fig.show(view_walk_figure(walk, title=f"{html.escape(walk.value)[-70:]}"))
         self.explain.value = ("<div style='max-width:420px;padding-left:10px'>"
                               + "<br>".join(html.escape(s) for s in explain_walk(walk)) + "</div>")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,16 +35,19 @@ class DecodeWorkbench(W.VBox):
 
     `DecodeWorkbench(recording)` (or a saved recording's directory) replays what was
     recorded. `DecodeWorkbench(generator, prompt, max_new_tokens=16)` decodes live on a
-    thread: each step appears as soon as it is recorded (`wait()` blocks until done;
+    thread: each step appears as soon as it is recorded, at most every
+    `refresh_interval` seconds (the last step always shows; `wait()` blocks until done;
     `step_delay` seconds between steps make it watchable). `decode_text(ids) -> str`
     shows the text of the tokens so far.
     """
 
     def __init__(self, source: Any, prompt: Sequence[int] | None = None, max_new_tokens: int = 16, *,
                  decode_text: Callable[[list[int]], str] | None = None, step_delay: float = 0.0,
-                 start: bool = True, **generate_kwargs: Any):
+                 refresh_interval: float = 0.25, start: bool = True, **generate_kwargs: Any):
         self.lock = threading.RLock()
         self.live = None
+        self.refresh_interval = refresh_interval
+        self._last_refresh = 0.0
         self.prompt = list(prompt) if prompt is not None else None
         self.decode_text = decode_text
         generator = _as_generator(source) if prompt is not None else None
@@ -56,7 +60,7 @@ class DecodeWorkbench(W.VBox):
         else:
             self.frames = as_frames(source)
         self.cursor = StepCursor(self.frames, follow=generator is not None)
-        self.controls = StepControl(self.cursor)
+        self.controls = StepControl(self.cursor, lock=self.lock)
         self.node_pick = W.Dropdown(options=[("(no node selected)", -1)] + PlanModel(self.frames).options(),
                                     value=-1, description="node", layout=W.Layout(width="560px"))
         self.node_pick.add_class("wb-node-pick")
@@ -89,28 +93,25 @@ class DecodeWorkbench(W.VBox):
                 self.live.start()
 
     # -- live decode
-    def _on_live_step(self, done: int) -> None:
+    def _on_live_step(self, done: int, finished: bool) -> None:
         with self.lock:
             self.progress.value = done
-            if not self.live.running or done >= self.progress.max:
+            if finished:
                 self.progress.bar_style = "success" if self.live.error is None else "danger"
+            elif time.monotonic() - self._last_refresh < self.refresh_interval:
+                return  # a fast decode: do not redraw every view for every token
             self.cursor.refresh()
-            if self.live.error is not None:
-                self.tokens.value += (f"<div style='color:#d62728'>decode failed: "
-                                      f"{html.escape(str(self.live.error))}</div>")
+            self._cursor_changed()
+            self._last_refresh = time.monotonic()
 
     def start(self) -> DecodeWorkbench:
-        if self.live is not None and self.live._thread.ident is None:
+        if self.live is not None and not self.live.started:
             self.live.start()
         return self
 
     def wait(self, timeout: float | None = None):
         """Block until a live decode ends (re-raising its error); returns its GenerationResult."""
-        if self.live is None:
-            return None
-        result = self.live.wait(timeout)
-        self._on_live_step(len(result.tokens) if result is not None else 0)
-        return result
+        return None if self.live is None else self.live.wait(timeout)
 
     # -- selection
     def _tab_changed(self, _change=None) -> None:
@@ -123,8 +124,9 @@ class DecodeWorkbench(W.VBox):
             self._render_summary()
 
     def _node_picked(self, change) -> None:
-        if change["new"] is not None and change["new"] != self.cursor.node:
-            self.cursor.select_node(change["new"])
+        with self.lock:
+            if change["new"] is not None and change["new"] != self.cursor.node:
+                self.cursor.select_node(change["new"])
 
     def _cursor_changed(self, _change=None) -> None:
         with self.lock:
@@ -133,6 +135,8 @@ class DecodeWorkbench(W.VBox):
             strip = token_strip(self.frames, self.cursor.step, self.prompt, self.decode_text)
             spans = " ".join(f"<span style='{_TOKEN_STYLE[k]}'>{t}</span>" for t, k in strip["items"])
             text = f"<div><i>{html.escape(strip['text'])}</i></div>" if strip["text"] is not None else ""
+            if self.live is not None and self.live.error is not None:
+                text += f"<div style='color:#d62728'>decode failed: {html.escape(str(self.live.error))}</div>"
             self.tokens.value = (f"<div style='font-family:var(--jp-code-font-family,monospace)'>tokens: "
                                  f"{spans or '—'}</div>{text}")
             if self.tabs.selected_index == len(self.views):
@@ -148,11 +152,13 @@ class DecodeWorkbench(W.VBox):
         return self.frames.recording
 
     def select_step(self, step: int) -> None:
-        self.cursor.follow = False
-        self.cursor.go(step)
+        with self.lock:
+            self.cursor.follow = False
+            self.cursor.go(step)
 
     def select_node(self, plan_index: int) -> None:
-        self.cursor.select_node(plan_index)
+        with self.lock:
+            self.cursor.select_node(plan_index)
 
 
 def _as_generator(source: Any):

@@ -65,7 +65,7 @@ def byte_scale(max_bytes: float) -> tuple[float, str]:
 def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     """Common look: compact margins, legend at the right, hover by point."""
     fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height,
+        title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height, autosize=True,
         margin={"l": 60, "r": 20, "t": 40, "b": 40}, hovermode="closest", template="plotly_white",
         legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.01, "xanchor": "left",
                 "font": {"size": 11}, "tracegroupgap": 8},

@@ -68,7 +68,7 @@ def liveness_figure(lifetimes: pd.DataFrame, curve: pd.DataFrame, memory: dict,
     if selected_node is not None and selected_node >= 0:
         vline(fig, selected_node, color="#d62728", dash="solid")
     n = len(lt)
-    layout(fig, title, min(900, 260 + 6 * n))
+    layout(fig, title, min(720, 300 + 3 * n))
     fig.update_layout(barmode="overlay", bargap=0.2)
     fig.update_yaxes(autorange="reversed", showticklabels=n <= 40, title="values (definition order)",
                      row=1, col=1)

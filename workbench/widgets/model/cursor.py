@@ -90,18 +90,17 @@ class StepCursor(traitlets.HasTraits):
         self.node = -1 if plan_index is None else int(plan_index)
 
     def refresh(self) -> bool:
-        """Notice a grown Recording: bump `version`, and follow the newest step if asked
-        (or if nothing was selected yet). Returns whether anything changed."""
+        """Notice a grown Recording: bump `version`; with `follow` (or when nothing valid
+        is selected) jump to the newest step, whatever its slot. Returns whether anything
+        changed."""
         v = self.frames.version
         if v == self._seen:
             return False
         self._seen = v
         with self.hold_trait_notifications():
-            names = slots(self.frames)
-            if names and self.slot not in names:
-                self.slot = names[0]
-            s = self.steps
-            if s and (self.follow or self.step < 0 or self.step not in s):
-                self.step = s[-1]
+            steps = self.frames.get("steps")
+            if len(steps) and (self.follow or self.step < 0 or self.step not in self.steps):
+                self.slot = str(steps["slot"].iloc[-1])
+                self.step = int(steps["step"].iloc[-1])
             self.version += 1
         return True

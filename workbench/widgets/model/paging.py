@@ -26,7 +26,8 @@ def page_of(df: pd.DataFrame, page: int = 0, size: int = 25, query: str = "",
     """Rows matching `query` (case-insensitive substring of any of `columns`, default all
     text columns; words separated by spaces must all match), then page `page` of `size`."""
     if query.strip():
-        cols = columns or [c for c in df.columns if df[c].dtype == object]
+        cols = columns or [c for c in df.columns
+                           if df[c].dtype == object or pd.api.types.is_string_dtype(df[c])]
         text = pd.Series([""] * len(df), index=df.index)
         for c in cols:
             text = text + " " + df[c].astype(str).str.lower()

@@ -1,0 +1,211 @@
+"""A real browser: JupyterLab on 127.0.0.1 runs notebooks/01_tour.ipynb in headless Chromium.
+
+Runs all cells, checks that the widgets and plotly plots rendered, moves the decode
+workbench's step control and checks the views changed, finds no errors in the browser
+console, and saves screenshots in the test's temporary folder. Skips only when Debian's
+`chromium` is not installed (`apt-get install -y chromium`); playwright drives it
+through `executable_path` and never downloads a browser.
+
+The test starts exactly one process itself (the Jupyter server, in its own process
+group, with its own config / runtime / data / settings / workspace folders) and stops
+it by its id -- kernels it started are shut down through the server's API first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "01_tour.ipynb"
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - our own local server
+        return r.read()
+
+
+class JupyterLab:
+    """One `jupyter lab` process on 127.0.0.1 with a token and private folders."""
+
+    def __init__(self, root: Path, home: Path):
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.root = root
+        dirs = {name: home / name for name in ("config", "runtime", "data", "settings", "workspaces")}
+        for d in dirs.values():
+            d.mkdir(parents=True)
+        # no news / update pop-ups
+        notification = dirs["settings"] / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        notification.parent.mkdir(parents=True)
+        notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        # render every cell (not only those scrolled into view), so every plot is drawn
+        tracker = dirs["settings"] / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+        tracker.parent.mkdir(parents=True)
+        tracker.write_text(json.dumps({"windowingMode": "none"}))
+        env = dict(os.environ, JUPYTER_CONFIG_DIR=str(dirs["config"]), JUPYTER_RUNTIME_DIR=str(dirs["runtime"]),
+                   JUPYTER_DATA_DIR=str(dirs["data"]), JUPYTER_PLATFORM_DIRS="1")
+        self.log_path = home / "jupyter.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
+             f"--LabApp.user_settings_dir={dirs['settings']}", f"--LabApp.workspaces_dir={dirs['workspaces']}",
+             "--ServerApp.port_retries=0", "--LabApp.news_url=", "--ServerApp.terminals_enabled=False"],
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def url(self, path: str) -> str:
+        sep = "&" if "?" in path else "?"
+        return f"http://127.0.0.1:{self.port}{path}{sep}token={self.token}"
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            try:
+                _get(self.url("/api/status"))
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"jupyter lab did not answer within {timeout} s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                try:  # kernels first, through the server that started them
+                    for k in json.loads(_get(self.url("/api/kernels"))):
+                        req = urllib.request.Request(self.url(f"/api/kernels/{k['id']}"), method="DELETE")
+                        urllib.request.urlopen(req, timeout=10).close()  # noqa: S310
+                except OSError:
+                    pass
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)  # the group we created, by its id
+                    self.proc.wait(timeout=10)
+        finally:
+            self.log.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)  # a copy: autosave never touches the repository
+    server = JupyterLab(root, tmp_path / "jupyter")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    console: list[str] = []
+    t0 = time.monotonic()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(lab.url(f"/lab/tree/{NOTEBOOK.name}"))
+
+            # the toolbar reads idle before the kernel is ready: wait for the status bar
+            expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(
+                timeout=90_000)
+            page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
+            page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+
+            notebook = page.locator(".jp-NotebookPanel:visible")
+            n_code = notebook.locator(".jp-CodeCell").count()
+            assert n_code >= 10
+            prompts = notebook.locator(".jp-CodeCell .jp-InputArea-prompt")
+            deadline = time.monotonic() + 150
+            while True:
+                texts = prompts.evaluate_all("els => els.map(e => e.textContent)")
+                if len(texts) == n_code and all(re.fullmatch(r"\[\d+\]:", t.strip()) for t in texts):
+                    break
+                assert time.monotonic() < deadline, f"cells did not all run: {texts}"
+                page.wait_for_timeout(500)
+            expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(
+                timeout=60_000)
+            errors = notebook.locator("[data-mime-type='application/vnd.jupyter.error']")
+            assert errors.count() == 0, errors.all_inner_texts()
+
+            # widgets and plotly plots rendered
+            wb = notebook.locator(".wb-workbench").first
+            expect(wb).to_be_visible(timeout=30_000)
+            expect(wb.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+            expect(notebook.locator(".wb-view")).to_have_count(5 + 5)  # 5 standalone + 5 in the tabs
+            n_plots = notebook.locator(".js-plotly-plot").count()
+            assert n_plots >= 6, n_plots
+            label = wb.locator(".wb-step-label")
+            first_label = label.inner_text()
+            assert re.search(r"step 11 \(12/12\)", first_label), first_label
+            plan_plot = wb.locator(".js-plotly-plot").first
+            plot_before = plan_plot.inner_html()
+            tokens_before = wb.locator(".wb-tokens").inner_html()
+            wb.locator(".wb-workbench .wb-prev, .wb-prev").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(tmp_path / "01_tour_workbench_before.png"))
+
+            # move the step control: label, tokens panel and the plan plot all follow
+            wb.locator(".wb-prev").first.click()
+            expect(label).to_contain_text("step 10 (11/12)", timeout=20_000)
+            deadline = time.monotonic() + 20
+            while plan_plot.inner_html() == plot_before:
+                assert time.monotonic() < deadline, "the plan plot did not redraw for the new step"
+                page.wait_for_timeout(200)
+            assert wb.locator(".wb-tokens").inner_html() != tokens_before
+
+            # pick a node: its details appear; switch to the Liveness tab: it draws there
+            wb.locator(".wb-node-pick select").select_option(index=40)
+            expect(wb.locator(".wb-node-detail")).to_contain_text("#39 ", timeout=20_000)
+            wb.locator(".lm-TabBar-tab").get_by_text("Liveness", exact=True).click()
+            numbers = wb.locator(".wb-memory-numbers")
+            expect(numbers).to_contain_text("step 10", timeout=20_000)
+            expect(numbers).to_contain_text("at node #39", timeout=20_000)
+            expect(numbers.locator("xpath=../..").locator(".js-plotly-plot").first).to_be_visible(timeout=20_000)
+            page.wait_for_timeout(500)
+            shot = tmp_path / "01_tour_workbench.png"
+            wb.screenshot(path=str(shot))
+            page.screenshot(path=str(tmp_path / "01_tour_page.png"))
+            assert shot.stat().st_size > 20_000
+        finally:
+            browser.close()
+    print(f"browser run {time.monotonic() - t0:.1f} s; screenshots in {tmp_path}")
+    keep = os.environ.get("WORKBENCH_BROWSER_ARTIFACTS")  # e.g. a CI artifacts folder
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for png in tmp_path.glob("*.png"):
+            shutil.copy(png, Path(keep) / png.name)
+    assert not console, "errors in the browser console:\n" + "\n".join(console)

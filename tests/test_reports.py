@@ -1,0 +1,218 @@
+"""Reports: the HTML report (self-contained, escaped), CSV + parquet export, summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_widgets import build_recording
+
+import workbench
+from workbench import Generator, models, reports
+from workbench.reports import NOT_RECORDED, Frames
+from workbench.reports.html import figure_json
+
+EVIL = ["<script>alert(1)</script>", "</script><script>alert(2)</script>", "<img src=x onerror=alert(3)>",
+        "</SCRIPT >x", "<!--", "]]>"]
+
+
+def evil_model() -> onnx.ModelProto:
+    """MatMul -> Reshape (view) -> Transpose (view) -> Relu -> Add: every node and
+    intermediate value named with HTML that would run if it reached the page raw."""
+    w = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(4, 8) / 32, name="w" + EVIL[4])
+    shape = numpy_helper.from_array(np.array([0, 2, 4], dtype=np.int64), name="shape")
+    h, hr, ht, g = (f"value {e}" for e in EVIL[:4])
+    nodes = [
+        helper.make_node("MatMul", ["x", w.name], [h], name=EVIL[0]),
+        helper.make_node("Reshape", [h, "shape"], [hr], name=EVIL[1]),
+        helper.make_node("Transpose", [hr], [ht], perm=[0, 2, 1], name=EVIL[2]),
+        helper.make_node("Relu", [ht], [g], name=EVIL[3]),
+        helper.make_node("Neg", [g], ["y" + EVIL[5]], name=EVIL[5]),
+    ]
+    graph = helper.make_graph(
+        nodes, "evil" + EVIL[0], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y" + EVIL[5], TensorProto.FLOAT, ["batch", 4, 2])], [w, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def evil_recording():
+    session = workbench.InferenceSession(evil_model())
+    rng = np.random.default_rng(0)
+    for batch in (2, 3, 3, 3):
+        session.run(None, {"x": rng.standard_normal((batch, 4)).astype(np.float32)})
+    rec = session.recording
+    assert set(EVIL[:4]) <= set(rec.nodes()["name"])
+    return rec
+
+
+class _Scripts(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+def _check_no_breakout(page: str, n_figures_at_least: int) -> _Scripts:
+    parser = _Scripts()
+    parser.feed(page)
+    scripts = [a for t, a in parser.tags if t == "script"]
+    assert all("src" not in a for a in scripts), "self-contained: no external scripts"
+    # exactly plotly.js plus one small script per figure
+    n_figs = page.count('class="fig"')
+    assert len(parser.scripts) == 1 + n_figs and n_figs >= n_figures_at_least
+    assert len(parser.scripts[0]) > 1_000_000 and "Plotly" in parser.scripts[0]  # plotly.js, inlined once
+    ours = page.replace(parser.scripts[0], "")  # everything the report itself wrote
+    for e in EVIL[:4]:
+        assert e not in ours, f"unescaped model name {e!r} in the report"
+    assert "<img" not in ours.lower() and "img" not in {t for t, _ in parser.tags}
+    assert ours.lower().count("<script") == len(parser.scripts)  # no script element but ours
+    for body in parser.scripts[1:]:
+        assert body.startswith("(function(){var f=") and "Plotly.newPlot" in body
+        assert "<" not in body and ">" not in body, "figure JSON must not contain raw angle brackets"
+    return parser
+
+
+def test_html_report_escapes_every_model_name(evil_recording, tmp_path):
+    path = evil_recording.to_html(tmp_path / "report.html")
+    page = path.read_text(encoding="utf-8")
+    parser = _check_no_breakout(page, n_figures_at_least=4)
+    # the names are there, readable, in escaped form: in the tables as HTML entities...
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;img src=x onerror=alert(3)&gt;" in page
+    # ...and in the figures as text plotly shows literally (entities), inside \\u-escaped JSON
+    plan_fig = next(b for b in parser.scripts[1:] if "Execution plan" in b)
+    data = json.loads(plan_fig[len("(function(){var f="):plan_fig.index(";Plotly.newPlot")])
+    hover = " ".join(str(h) for t in data["data"] for h in (t.get("hovertext") or []))
+    assert "&lt;img src=x onerror=alert(3)&gt;" in hover and "<img" not in hover
+    assert "<title>Workbench recording</title>" in page
+
+
+def test_html_report_escapes_recorded_reasons_and_declines(tmp_path):
+    rec = build_recording(names={4: EVIL[0], 5: EVIL[1]}, detail=EVIL[2])
+    page = reports.to_html(rec, tmp_path / "r.html", title=EVIL[0]).read_text(encoding="utf-8")
+    _check_no_breakout(page, n_figures_at_least=5)
+    assert f"<title>{EVIL[0]}" not in page and "<title>&lt;script&gt;" in page
+    for section in ("Summary", "Steps", "Capture segmentation", "Zero-copy views", "Buffer liveness"):
+        assert section in page
+
+
+def test_figure_json_cannot_close_a_script_element():
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=[EVIL[1], "a & b", "\u2028"], y=[1, 2, 3]), layout={"title": {"text": EVIL[3]}})
+    text = figure_json(fig)
+    assert not set("<>&") & set(text) and "\u2028" not in text
+    data = json.loads(text)
+    assert data["data"][0]["x"][0] == EVIL[1] and data["layout"]["title"]["text"] == EVIL[3]
+
+
+def test_report_says_what_was_not_recorded(tmp_path):
+    rec = build_recording(capture=False, memo=False)
+    page = reports.to_html(rec, tmp_path / "bare.html").read_text(encoding="utf-8")
+    assert f"Capture segmentation: {NOT_RECORDED}" in page
+    assert f"decode-plan memo: {NOT_RECORDED}" in page
+    s = reports.summary(rec).set_index("metric")
+    assert s.loc["capture segmentation", "text"] == NOT_RECORDED and s.loc["decode-plan memo", "text"] == NOT_RECORDED
+    assert pd.isna(s.loc["capture segmentation", "value"])
+
+
+# --------------------------------------------------------------------------- export
+
+def test_export_writes_csv_and_parquet_for_every_frame(tmp_path):
+    rec = build_recording()
+    index = rec.export(tmp_path / "out")
+    expected = {"steps", "nodes", "values", "views", "liveness", "buffer_events", "node_timings", "aliases",
+                "materializations", "memo_timeline", "segments", "capture_declines", "capture_events", "tokens",
+                "memory_summary", "summary"}
+    assert set(index["frame"]) == expected
+    for r in index.itertuples(index=False):
+        csv = pd.read_csv(r.csv)
+        parquet = pd.read_parquet(r.parquet)
+        assert len(csv) == len(parquet) == r.rows, r.frame
+        assert list(csv.columns) == list(parquet.columns)
+    nodes = pd.read_parquet(tmp_path / "out" / "nodes.parquet")
+    assert json.loads(nodes["inputs"][0]) == ["x", "w"]  # lists travel as JSON text
+    views = pd.read_csv(tmp_path / "out" / "views.csv")
+    assert json.loads(views["strides"][1]) == [8, 1, 4]
+    steps = pd.read_parquet(tmp_path / "out" / "steps.parquet")
+    assert json.loads(steps["bindings"][0]) == {"batch": 2}
+    declines = pd.read_parquet(tmp_path / "out" / "capture_declines.parquet")
+    assert declines["reason"].tolist() == ["data_dependent_shape", "host_fallback"]
+
+
+def test_export_leaves_out_what_was_not_recorded(tmp_path):
+    index = reports.export(build_recording(capture=False, memo=False), tmp_path)
+    assert not {"segments", "capture_declines", "capture_events", "memo_timeline"} & set(index["frame"])
+    assert not (tmp_path / "segments.csv").exists()
+
+
+# --------------------------------------------------------------------------- summary on a real decode
+
+@pytest.fixture(scope="module")
+def decoded():
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    result = Generator(session).generate(list(range(3, 9)), 8, progress=False, eos_token_id=-1)
+    return session.recording, result
+
+
+def test_summary_agrees_with_the_frames(decoded):
+    rec, result = decoded
+    s = reports.summary(rec).set_index("metric")
+    assert s.loc["nodes", "value"] == len(rec.nodes())
+    assert s.loc["tokens generated", "value"] == len(result.tokens) == 8
+    memo = rec.memo_timeline()
+    assert s.loc["memo replayed", "value"] == (memo.action == "replayed").sum()
+    assert s.loc["views reused", "value"] == memo.views_reused.sum()
+    decode_ms = rec.steps().query("phase == 'decode'").wall_ms
+    assert s.loc["decode step (median)", "value"] == pytest.approx(np.median(decode_ms))
+    assert s.loc["decode tokens/s", "text"].endswith("tok/s") and s.loc["prefill", "text"].endswith(" ms")
+    assert s.loc["resident peak", "text"].endswith("iB") or s.loc["resident peak", "text"].endswith(" B")
+    plan = rec.memory_plan(len(rec) - 1)
+    assert s.loc["planner peak (last step)", "value"] == plan.peak
+    if "capture_declines" in rec.tables:
+        d = rec.table("capture_declines")
+        last = d[d.step == d.step.max()]
+        for reason, n in last.reason.value_counts().items():
+            assert s.loc[f"declines: {reason}", "value"] == n
+    text = reports.summary_text(rec)
+    assert "[decode]" in text and "tok/s" in text
+
+
+def test_report_of_a_saved_recording_matches_the_live_one(decoded, tmp_path):
+    rec, _ = decoded
+    rec.save(tmp_path / "rec")
+    loaded = workbench.Recording.load(tmp_path / "rec")
+    a = reports.summary(Frames(rec)).drop(columns="value")
+    b = reports.summary(Frames(loaded)).drop(columns="value")
+    pd.testing.assert_frame_equal(a, b)
+    page = loaded.to_html(tmp_path / "loaded.html").read_text(encoding="utf-8")
+    assert page.count('class="fig"') >= 5
+
+
+def test_import_workbench_stays_free_of_the_front_end():
+    code = ("import sys, workbench; rec = workbench.Recording(); "
+            "bad = [m for m in ('plotly', 'ipywidgets', 'workbench.reports') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

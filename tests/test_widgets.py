@@ -1,0 +1,515 @@
+"""The widgets: each view's model (what it renders for a step, what selecting does),
+then the ipywidgets views headless (construct, step, select, live decode, 600 nodes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+import workbench
+from workbench import Generator, Recording, models
+from workbench.reports import NOT_RECORDED, Frames
+from workbench.widgets.model import (
+    LivenessModel,
+    MemoModel,
+    PlanModel,
+    SegmentationModel,
+    StepCursor,
+    ViewsModel,
+    explain_walk,
+    page_of,
+    token_strip,
+)
+
+# --------------------------------------------------------------------------- a known recording
+# Plan: h = MatMul(x, w); h_r = Reshape(h) [view]; h_t = Transpose(h_r) [view of h];
+# g = Relu(h_t); s = NonZero(g) (data-dependent: declines capture); y = Cast(s) (host fallback).
+X, W_, H, H_R, H_T, G, S, Y = range(8)
+
+
+def _nodes(names: dict[int, str] | None = None) -> list[dict]:
+    names = names or {}
+    spec = [
+        ("mm", "MatMul", "native", False, True, None, "", ["x", "w"], ["h"]),
+        ("rs", "Reshape", "native", True, True, None, "", ["h"], ["h_r"]),
+        ("tr", "Transpose", "native", True, True, None, "", ["h_r"], ["h_t"]),
+        ("relu", "Relu", "native", False, True, None, "", ["h_t"], ["g"]),
+        ("nz", "NonZero", "native", False, False, "data_dependent_shape", "output shape depends on data",
+         ["g"], ["s"]),
+        ("cast", "Cast", "host_fallback", False, False, "host_fallback", "runs on onnx.reference", ["s"], ["y"]),
+    ]
+    return [dict(plan_index=i, name=names.get(i, n), op_type=op, domain="", kernel=k, produces_view=v,
+                 capture_supported=ok, capture_reason=r, capture_detail=d, inputs=ins, outputs=outs)
+            for i, (n, op, k, v, ok, r, d, ins, outs) in enumerate(spec)]
+
+
+VALUES = [dict(value_id=i, name=n, dtype=dt, shape=sh, kind="tensor", role=role) for i, (n, dt, sh, role) in
+          enumerate([("x", "float", "[batch, 4]", "input"), ("w", "float", "[4, 8]", "initializer"),
+                     ("h", "float", "[batch, 8]", "intermediate"), ("h_r", "float", "[batch, 2, 4]", "intermediate"),
+                     ("h_t", "float", "[batch, 4, 2]", "intermediate"),
+                     ("g", "float", "[batch, 4, 2]", "intermediate"),
+                     ("s", "int64", "[3, nnz]", "intermediate"), ("y", "float", "[3, nnz]", "output")])]
+
+#: (slot, phase, batch, memo action, stage2) per step
+STEPS = [("primary", "prefill", 2, "primed", "none"), ("primary", "decode", 3, "primed", "none"),
+         ("verify", "verify", 3, "ineligible", "none"), ("primary", "decode", 3, "replayed", "validated")]
+
+
+def unit(batch: int) -> int:
+    return batch * 8 * 4
+
+
+def build_recording(capture: bool = True, memo: bool = True, names: dict[int, str] | None = None,
+                    detail: str = "output shape depends on g's values") -> Recording:
+    rec = Recording()
+    rec.set_static(_nodes(names), VALUES)
+    for step, (slot, phase, batch, action, stage2) in enumerate(STEPS):
+        rec.begin_step(slot=slot, phase=phase, bindings={"batch": batch})
+        u = unit(batch)
+        replay = step == 3
+        for p in range(6):
+            if p == 1:
+                rec.view(H_R, H, (batch, 2, 4), (8, 4, 1), 0, 1)
+            if p == 2:
+                rec.view(H_T, H, (batch, 4, 2), (8, 1, 4), 0, 2)
+            mode = ("elided" if p == 1 else "replayed") if replay and p < 4 else "eager"
+            rec.node(p, mode, (p + 1) * 1e-6)
+        rec.liveness([(X, "input", X, batch * 16, -1, 0, False, -1), (W_, "initializer", W_, 128, -1, 0, False, -1),
+                      (H, "owner", H, u, 0, 1, True, -1), (H_R, "view", H, 0, 1, 2, False, -1),
+                      (H_T, "view", H, 0, 2, 3, False, -1), (G, "owner", G, u, 3, 4, False, -1),
+                      (S, "owner", S, 48, 4, 5, False, -1), (Y, "owner", Y, 48, 5, 6, False, -1)])
+        if memo:
+            rec.add_row("memo", slot=slot, phase=phase, action=action, reason=f"reason {step} <b>",
+                        varying=["batch"] if step else [], invariant_values=3, variant_values=4, resolve_ms=0.1,
+                        stage2=stage2, views_reused=2 if replay else 0, dispatch_elided=1 if replay else 0,
+                        mismatch_streak=0)
+        if capture:
+            if step in (1, 3):
+                rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=3, node_count=4,
+                            kind="captured", state="captured" if step == 1 else "replayed")
+                rec.add_row("capture_segments", slot=slot, segment=1, first_node=4, last_node=5, node_count=2,
+                            kind="eager", state="eager")
+                rec.add_row("capture_events", slot=slot, segment=0, event="capture" if step == 1 else "replay",
+                            reason="warm" if step == 1 else "binding signature unchanged", duration_s=1e-5)
+            else:
+                rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=5, node_count=6,
+                            kind="eager", state="eager")
+            if step == 1:
+                rec.add_row("capture_declines", slot=slot, segment=1, plan_index=4, node=_nodes(names)[4]["name"],
+                            op_type="NonZero", domain="", reason="data_dependent_shape", detail=detail,
+                            symbols=["nnz"])
+                rec.add_row("capture_declines", slot=slot, segment=1, plan_index=5, node=_nodes(names)[5]["name"],
+                            op_type="Cast", domain="", reason="host_fallback", detail="host kernel", symbols=[])
+        if slot == "primary":
+            rec.add_row("tokens", token=10 + step, position=4 + step)
+        rec.end_step(1e-3 * (step + 1), resident_peak_bytes=1000 * (step + 1))
+    return rec
+
+
+@pytest.fixture
+def frames() -> Frames:
+    return Frames(build_recording())
+
+
+@pytest.fixture
+def bare() -> Frames:
+    """The same steps with neither the memo nor capture segmentation recorded."""
+    return Frames(build_recording(capture=False, memo=False))
+
+
+# --------------------------------------------------------------------------- cursor and paging
+
+def test_cursor_starts_at_the_latest_primary_step_and_moves_within_the_slot(frames):
+    c = StepCursor(frames)
+    assert (c.slot, c.step, c.steps, c.slots) == ("primary", 3, [0, 1, 3], ["primary", "verify"])
+    c.prev()
+    assert c.step == 1
+    c.first()
+    c.prev()  # clamps
+    assert c.step == 0
+    c.last()
+    c.next()
+    assert c.step == 3
+    c.go(2)  # a step of another slot switches the slot
+    assert (c.slot, c.step, c.steps) == ("verify", 2, [2])
+    c.set_slot("primary")  # latest primary step at or before 2
+    assert c.step == 1
+    with pytest.raises(ValueError, match="step 9 was not recorded"):
+        c.go(9)
+
+
+def test_cursor_follows_a_growing_recording_only_when_asked(frames):
+    rec = frames.recording
+    c = StepCursor(frames)
+    c.first()
+    seen = []
+    c.observe(lambda ch: seen.append(ch["new"]), names="version")
+    assert not c.refresh()  # nothing new
+    rec.begin_step(slot="primary", phase="decode", bindings={"batch": 3})
+    rec.end_step(1e-3)
+    assert c.refresh() and seen == [1] and c.step == 0  # not following: stays
+    c.follow = True
+    rec.begin_step(slot="primary", phase="decode", bindings={"batch": 3})
+    rec.end_step(1e-3)
+    assert c.refresh() and c.step == 5
+
+
+def test_page_of_filters_by_all_words_and_clamps_pages():
+    df = pd.DataFrame({"name": [f"node{i} {'MatMul' if i % 2 else 'Add'}" for i in range(55)], "n": range(55)})
+    p = page_of(df, page=9, size=20)
+    assert (p.page, p.pages, p.total, len(p.rows)) == (2, 3, 55, 15)
+    assert p.label == "page 3 of 3 · 55 rows"
+    q = page_of(df, 0, 20, "matmul NODE1")  # words AND-ed, case-insensitive
+    assert q.rows["n"].tolist() == [1, 11, 13, 15, 17, 19]
+
+
+# --------------------------------------------------------------------------- PlanModel
+
+def test_plan_model_shapes_modes_and_segments_at_a_step(frames):
+    m = PlanModel(frames)
+    p0, p3 = m.plan(0), m.plan(3)
+    assert p0["output_shapes"].tolist()[:4] == ["[2, 8]", "[2, 2, 4]", "[2, 4, 2]", "[2, 4, 2]"]
+    assert p3["output_shapes"].tolist()[:4] == ["[3, 8]", "[3, 2, 4]", "[3, 4, 2]", "[3, 4, 2]"]
+    assert p3["output_shapes"][4] == "[3, nnz]"  # a data-dependent dim stays symbolic
+    assert p3["mode"].tolist() == ["replayed", "elided", "replayed", "replayed", "eager", "eager"]
+    assert p3["duration_us"].tolist() == pytest.approx([1, 2, 3, 4, 5, 6])
+    assert p0["group"].tolist() == ["eager seam"] * 5 + ["host fallback"]  # warm-up: all eager
+    assert p3["group"].tolist() == ["captured"] * 4 + ["eager seam", "host fallback"]
+    assert p3["segment_state"].tolist() == ["replayed"] * 4 + ["eager"] * 2
+    assert p3["segment"].tolist() == [0, 0, 0, 0, 1, 1]
+
+
+def test_plan_model_without_segmentation_colours_by_static_verdict(bare):
+    p = PlanModel(bare).plan(3)
+    assert p["segment"].isna().all()
+    assert p["group"].tolist() == ["capturable"] * 4 + ["declines: data_dependent_shape", "host fallback"]
+
+
+def test_plan_model_selecting_a_node_gives_its_inputs_outputs_and_verdict(frames):
+    m = PlanModel(frames)
+    d = m.node(3, "primary", 2)
+    assert d["name"] == "tr" and d["op_type"] == "Transpose" and d["produces_view"]
+    assert d["inputs"] == [("h_r", "[3, 2, 4]")] and d["outputs"] == [("h_t", "[3, 4, 2]")]
+    assert d["mode"] == "replayed" and d["duration"] == "3.0 µs"
+    assert d["segment"] == "segment 0 (captured, replayed)"
+    nz = m.node(3, "primary", 4)
+    assert nz["capture_supported"] is False and nz["capture_reason"] == "data_dependent_shape"
+    assert m.node(3, "primary", 99) is None
+    assert m.options()[4] == ("#4 NonZero nz", 4)
+    page = m.table(3, "primary", query="host")
+    assert page.rows["name"].tolist() == ["cast"]
+    assert m.page_of_node(3, "primary", 5, size=2) == 2
+
+
+# --------------------------------------------------------------------------- SegmentationModel
+
+def test_segmentation_model_declines_in_force_by_reason_and_a_seam(frames):
+    m = SegmentationModel(frames)
+    assert m.recorded
+    per_step = m.segments_per_step("primary")
+    assert per_step.groupby("step")["segment"].count().to_dict() == {0: 1, 1: 2, 3: 2}
+    assert m.declines(0, "primary").empty  # none recorded yet at the warm-up step
+    d3 = m.declines(3, "primary")  # step 1's declines are still in force at step 3
+    assert d3["plan_index"].tolist() == [4, 5] and set(d3["step"]) == {1}
+    assert m.reasons(3, "primary").set_index("reason")["declines"].to_dict() == {
+        "data_dependent_shape": 1, "host_fallback": 1}
+    assert m.table(3, "primary", reason="host_fallback").rows["node"].tolist() == ["cast"]
+    seam = m.seam(3, "primary", 4)
+    assert seam == {"plan_index": 4, "node": "nz", "op_type": "NonZero", "reason": "data_dependent_shape",
+                    "detail": "output shape depends on g's values", "symbols": ["nnz"], "segment": 1,
+                    "source": "recorded"}
+    assert m.seam(3, "primary", 0) is None  # inside a captured segment
+    assert m.segments(2, "verify")["kind"].tolist() == ["eager"]
+
+
+def test_segmentation_model_not_recorded_falls_back_to_static_verdicts(bare):
+    m = SegmentationModel(bare)
+    assert not m.recorded and m.segments_per_step("primary") is None and m.declines(3, "primary") is None
+    assert m.reasons(3, "primary")["reason"].tolist() == ["data_dependent_shape", "host_fallback"]
+    assert m.seam(3, "primary", 4)["source"] == "static verdict"
+    assert m.table(3, "primary").rows["node"].tolist() == ["nz", "cast"]
+
+
+# --------------------------------------------------------------------------- MemoModel
+
+def test_memo_model_lanes_and_what_happened_at_a_step(frames):
+    m = MemoModel(frames)
+    lanes = m.lanes()
+    assert set(lanes["lane"]) == {"memo", "stage 2", "capture · primary"}
+    memo = lanes[lanes["lane"] == "memo"]
+    assert memo["state"].tolist() == ["primed", "primed", "ineligible", "replayed"]
+    assert lanes[lanes["lane"] == "capture · primary"]["state"].tolist() == ["capture", "replay"]
+    at = m.at(3)
+    assert at["lanes"]["memo"].startswith("replayed: reason 3 <b> · varying: batch")
+    assert at["lanes"]["stage 2"].startswith("validated: views reused 2, dispatch elided 1")
+    assert at["info"]["token"] == 13 and at["info"]["wall_ms"] == pytest.approx(4.0)
+    assert m.missing() == []
+    lat = m.latency()
+    assert lat["tokens_per_s"].tolist()[1] == pytest.approx(500.0) and pd.isna(lat["tokens_per_s"][0])
+
+
+def test_memo_model_says_what_was_not_recorded(bare):
+    m = MemoModel(bare)
+    assert m.missing() == ["decode-plan memo", "capture events"]
+    assert m.lanes().empty and m.at(3)["lanes"] == {}
+
+
+# --------------------------------------------------------------------------- ViewsModel
+
+def test_views_model_walk_of_a_transpose(frames):
+    m = ViewsModel(frames)
+    v = m.views(3)
+    assert v["value"].tolist() == ["h_r", "h_t"]
+    assert v["contiguous"].tolist() == [True, False]
+    assert m.default_value(3) == "h_t"  # the transpose turns back, the reshape does not
+    assert m.value_for_node(3, 2) == "h_t" and m.value_for_node(3, 0) is None
+    w = m.walk(3, "h_t")
+    # h_t[i, j, k] = h[8i + j + 4k]: down the columns of each 2x4 block of h
+    assert w.order[:8].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert (w.rows, w.cols, w.source_shape, w.source_elements) == (3, 8, (3, 8), 24)
+    first, visits = w.grid()
+    assert first[0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7] and (visits == 1).all()
+    text = explain_walk(w)
+    assert "source element 0 + i0·8 + i1·1 + i2·4" in text[1]
+
+
+def test_view_walk_with_a_broadcast_stride_counts_repeat_reads():
+    rec = build_recording()
+    rec.begin_step(slot="primary", phase="decode", bindings={"batch": 1})
+    rec.view(H_T, H, (1, 4, 2), (0, 0, 1), 8, 2)  # reads h[2:4] four times
+    rec.end_step(1e-3)
+    w = ViewsModel(Frames(rec)).walk(4, "h_t")
+    first, visits = w.grid()
+    assert w.element_offset == 2 and w.order.tolist() == [2, 3] * 4
+    assert visits.ravel()[2:4].tolist() == [4, 4] and first.ravel()[2:4].tolist() == [0, 1]
+    assert any("broadcast" in line for line in explain_walk(w))
+
+
+# --------------------------------------------------------------------------- LivenessModel
+
+def test_liveness_model_lifetimes_curve_and_bounds(frames):
+    m = LivenessModel(frames)
+    lt = m.lifetimes(3)
+    assert "w" not in set(lt["value"]) and "w" in set(m.lifetimes(3, constants=True)["value"])
+    assert lt.set_index("value").loc["h", "category"] == "owner (pinned)"
+    u = unit(3)
+    assert m.curve(3)["live_bytes"].tolist() == [u, u, u, 2 * u, u + 48, 96]
+    assert m.curve(3)["allocated_bytes"].tolist() == [u, u, u, 2 * u, 2 * u + 48, 2 * u + 96]
+    mem = m.memory(3)
+    plan = frames.recording.memory_plan(3)
+    assert (mem["planner_peak_bytes"], mem["lower_bound_bytes"]) == (plan.peak, plan.lower_bound)
+    assert mem["lower_bound_bytes"] == 2 * u and mem["resident_peak_bytes"] == 4000
+    assert m.highlight(3) == ["g"] and m.highlight(-1) == []
+    at = m.live_at(3, 3)
+    # h's buffer is still live (h_t is a view of it) though the value h itself is dead
+    assert at["live_bytes"] == 2 * u and set(at["values"]) == {"h_t", "g"}
+
+
+def test_token_strip_marks_tokens_relative_to_the_step(frames):
+    s = token_strip(frames, 1, prompt=[1, 2], decode_text=lambda ids: "-".join(map(str, ids)))
+    assert s["items"] == [(1, "prompt"), (2, "prompt"), (10, "before"), (11, "current"), (13, "after")]
+    assert s["text"] == "1-2-10-11"
+
+
+def test_widget_models_import_no_front_end():
+    import subprocess
+
+    code = ("import sys, workbench.widgets.model, workbench.reports; "
+            "bad = [m for m in ('ipywidgets', 'plotly') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- the ipywidgets views
+
+@pytest.fixture(scope="module")
+def decoded():
+    """A real decode: llama (standard ops), 6 new tokens."""
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    Generator(session).generate(list(range(3, 9)), 6, progress=False, eos_token_id=-1)
+    return session.recording
+
+
+def _figure_json(fw) -> str:
+    return fw.to_json()
+
+
+@pytest.mark.parametrize("name", ["PlanView", "SegmentationView", "MemoTimeline", "ViewAliasView", "LivenessView"])
+def test_each_view_stands_alone_and_redraws_when_its_step_control_moves(decoded, name):
+    import workbench.widgets as wb
+
+    view = getattr(wb, name)(decoded)
+    assert view.controls is not None and view.cursor.step == len(decoded) - 1
+    figures = [w for w in _walk(view) if type(w).__name__ == "FigureWidget"]
+    assert figures, "every view draws at least one plotly figure"
+    before = [_figure_json(f) for f in figures]
+    label = view.controls.label.value
+    view.controls.prev_btn.click()
+    assert view.cursor.step == len(decoded) - 2
+    assert view.controls.label.value != label and f"step {len(decoded) - 2}" in view.controls.label.value
+    after = [_figure_json(f) for f in figures]
+    assert before != after, f"{name} did not redraw for the new step"
+
+
+def _walk(w):
+    yield w
+    for child in getattr(w, "children", ()):
+        yield from _walk(child)
+
+
+def test_views_say_plainly_what_was_not_recorded(bare):
+    from workbench.widgets import MemoTimeline, SegmentationView
+
+    seg = SegmentationView(bare)
+    assert NOT_RECORDED in seg.message.value and seg.segments_fig.layout.display == "none"
+    memo = MemoTimeline(bare)
+    assert "decode-plan memo: not recorded in this recording" in memo.message.value
+    assert "capture events: not recorded in this recording" in memo.message.value
+
+
+def test_workbench_selection_is_shared_by_every_view(decoded):
+    from workbench.widgets import DecodeWorkbench
+
+    wb = DecodeWorkbench(decoded)
+    plan, seg, memo, views, live = wb.views
+    assert plan.active and not live.active and live._rendered_key is None  # hidden tabs wait
+    transpose = int(decoded.nodes().query("op_type == 'Transpose'").plan_index.iloc[0])
+    wb.node_pick.value = transpose  # the node picker...
+    assert wb.cursor.node == transpose
+    assert f"#{transpose} " in plan.detail.value and "Transpose" in plan.detail.value
+    wb.tabs.selected_index = 3  # ...drives the views tab: it shows that node's view
+    assert views.pick.value == views.model.value_for_node(wb.cursor.step, transpose) is not None
+    wb.tabs.selected_index = 4
+    assert live._rendered_key[2] == transpose and f"at node #{transpose}" in live.numbers.value
+    plan.select_node(0)  # a click in one view selects everywhere
+    assert wb.node_pick.value == 0 and live._rendered_key[2] == 0
+    wb.controls.prev_btn.click()
+    assert "current" in wb.tokens.value or "background" in wb.tokens.value
+    wb.tabs.selected_index = 5
+    assert "tokens generated" in wb.summary.value
+
+
+def test_workbench_replays_a_saved_recording(decoded, tmp_path):
+    from workbench.widgets import DecodeWorkbench
+
+    decoded.save(tmp_path / "rec")
+    wb = DecodeWorkbench(str(tmp_path / "rec"))
+    assert wb.cursor.steps == list(range(len(decoded))) and wb.live is None
+    assert wb.progress.layout.display == "none"
+
+
+def test_workbench_decodes_live_and_shows_every_step():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.gpt2("tiny"))
+    wb = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=5, start=False, eos_token_id=-1,
+                         step_delay=0.25)
+    versions, steps_seen = [], []
+    wb.cursor.observe(lambda c: versions.append(c["new"]), names="version")
+    wb.cursor.observe(lambda c: steps_seen.append(c["new"]), names="step")
+    result = wb.start().wait(timeout=60)
+    assert len(result.tokens) == 5 and len(session.recording) == 5
+    assert len(versions) >= 5, "the views refreshed after every step, not only at the end"
+    assert steps_seen == [0, 1, 2, 3, 4] and wb.cursor.step == 4  # followed the decode
+    assert wb.progress.value == 5 and wb.progress.bar_style == "success"
+    assert str(result.tokens[-1]) in wb.tokens.value
+    # the views refresh (and the step delay passes) outside the Generator's timed region
+    assert max(result.step_times) < 0.25
+
+
+def test_workbench_follows_a_live_speculative_decode_across_slots():
+    from workbench.widgets import DecodeWorkbench
+
+    prompt = [7, 8, 9, 7, 8, 9, 7, 8]  # repeats: prompt lookup drafts tokens to verify
+    plain = Generator(workbench.InferenceSession(models.gpt2("tiny"))).generate(
+        prompt, 10, progress=False, eos_token_id=-1)
+    session = workbench.InferenceSession(models.gpt2("tiny"))
+    streamed = []
+    wb = DecodeWorkbench(Generator(session), prompt, max_new_tokens=10, eos_token_id=-1, speculative=3,
+                         on_token=streamed.append, refresh_interval=0.0)
+    result = wb.wait(timeout=120)
+    assert result.tokens == plain.tokens == streamed  # the caller's on_token still gets every token
+    steps = session.recording.steps()
+    assert "verify" in set(steps.slot)
+    last = steps.iloc[-1]
+    assert (wb.cursor.step, wb.cursor.slot) == (last.step, last.slot)  # followed to the newest step
+    assert set(wb.controls.slot.options) == set(steps.slot)
+    assert wb.progress.value == 10
+
+
+def test_workbench_stays_consistent_when_used_during_a_live_decode():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    wb = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=8, eos_token_id=-1, step_delay=0.02)
+    clicks = 0
+    while wb.live.running and clicks < 400:  # the user pokes at every control while it decodes
+        wb.controls.prev_btn.click()
+        wb.select_node(clicks % 50)
+        wb.tabs.selected_index = clicks % 5
+        wb.controls.next_btn.click()
+        clicks += 1
+    result = wb.wait(timeout=120)
+    assert clicks > 0 and len(result.tokens) == 8 and len(session.recording) == 8
+    assert wb.cursor.steps == list(range(8)) and not wb.cursor.follow  # the user took over
+    wb.controls.next_btn.click()
+    assert wb.controls.label.value.count("/8)") == 1
+
+
+def test_workbench_live_decode_reports_errors():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.gpt2("tiny"))
+    wb = DecodeWorkbench(session, [3, 4, 5], max_new_tokens=500)  # past the model's 128 positions
+    with pytest.raises(workbench.WorkbenchError, match="positions"):
+        wb.wait(timeout=60)
+    assert "decode failed" in wb.tokens.value and wb.progress.bar_style == "danger"
+
+
+def test_workbench_refuses_a_session_that_records_nothing():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.gpt2("tiny"), workbench.SessionOptions(trace=False))
+    with pytest.raises(workbench.WorkbenchError, match="records nothing"):
+        DecodeWorkbench(Generator(session), [3, 4], 2)
+
+
+def test_a_600_node_plan_stays_responsive():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.gpt2("tiny", num_layers=13))
+    Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
+    n = len(session.recording.nodes())
+    assert n >= 600
+    t0 = time.perf_counter()
+    wb = DecodeWorkbench(session.recording)
+    build = time.perf_counter() - t0
+    worst = 0.0
+    for tab in range(5):
+        wb.tabs.selected_index = tab
+        for action in (wb.cursor.prev, wb.cursor.next, lambda: wb.select_node(n // 2)):
+            t0 = time.perf_counter()
+            action()
+            worst = max(worst, time.perf_counter() - t0)
+    assert build < 15 and worst < 3, (build, worst)
+    # no per-node widgets: the plan is one figure and one page of a table
+    assert sum(1 for _ in _walk(wb)) < 150
+    assert wb.views[0].table.html.value.count("<tr") <= wb.views[0].table.size + 1
+    fw = wb.views[0].figure.widget
+    assert sum(len(t.x) for t in fw.data if t.type == "scatter") == n
+
+
+def test_figures_escape_model_names():
+    from workbench.widgets import PlanView
+
+    evil = "<script>alert(1)</script>"
+    view = PlanView(Frames(build_recording(names={0: evil})))
+    view.cursor.select_node(0)
+    figure = json.loads(view.figure.widget.to_json())
+    hover = " ".join(str(h) for t in figure["data"] for h in (t.get("hovertext") or []))
+    html_text = view.detail.value + view.table.html.value
+    for text in (hover, html_text):
+        assert evil not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
