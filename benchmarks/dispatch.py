@@ -51,8 +51,12 @@ def main() -> None:
     feed = {"x": np.linspace(-1, 1, args.width, dtype=np.float32)}
 
     results = {}
-    ours = workbench.InferenceSession(model)
-    results["workbench"] = per_node_us(lambda: ours.run(None, feed), args.nodes, args.repeats)
+    quiet = workbench.InferenceSession(model, options=workbench.SessionOptions(trace=False))
+    results["workbench"] = per_node_us(lambda: quiet.run(None, feed), args.nodes, args.repeats)
+    ours = workbench.InferenceSession(model)  # recording every node, as in the workbench
+    results["workbench+trace"] = per_node_us(lambda: ours.run(None, feed), args.nodes, args.repeats)
+    eager = workbench.InferenceSession(model, options=workbench.SessionOptions(trace=False, capture=False))
+    results["workbench eager"] = per_node_us(lambda: eager.run(None, feed), args.nodes, args.repeats)
     try:
         import onnxruntime as ort
 
@@ -68,12 +72,13 @@ def main() -> None:
     ref = ReferenceEvaluator(model)
     results["onnx.reference"] = per_node_us(lambda: ref.run(None, feed), args.nodes, max(3, args.repeats // 4))
 
-    print(f"dispatch overhead, chain of {args.nodes} elementwise ops on float32[{args.width}] (best of runs)")
-    print(f"{'runtime':<16}{'µs/node':>10}{'workbench ÷ it':>18}")
+    print(f"dispatch overhead, chain of {args.nodes} elementwise ops on float32[{args.width}] (best of runs);")
+    print("workbench replays its captured launch list on repeated runs; 'eager' dispatches node by node")
+    print(f"{'runtime':<18}{'µs/node':>10}{'workbench ÷ it':>18}")
     for name, us in results.items():
-        print(f"{name:<16}{us:>10.2f}{results['workbench'] / us:>18.2f}")
-    verdict = "meets" if results["workbench"] < 10 else "misses"
-    print(f"workbench {verdict} the 10 µs/node aim")
+        print(f"{name:<18}{us:>10.2f}{results['workbench'] / us:>18.2f}")
+    verdict = "meets" if results["workbench eager"] < 10 else "misses"
+    print(f"workbench (eager) {verdict} the 10 µs/node aim")
 
 
 if __name__ == "__main__":

@@ -96,11 +96,13 @@ class DecodeMemoSteps:
                 self._steady = True
                 return "replayed", "bindings match the memo"
             why = stage2
-        self._steady = False
         prev, prev_sig = self._prev_bindings, self._prev_signature
         self._prev_bindings, self._prev_signature = dict(bindings), signature
         self._view_plan = None  # invalidated on every non-replay step
-        if exact != self._signature or memo is not None:
+        # the same bindings and buffers as the last step, with no memo to disagree:
+        # the prepared plan holds as it is (steady, e.g. a repeated fixed-shape run)
+        self._steady = exact == self._signature and memo is None
+        if not self._steady:
             self._full_prepare(bindings, bound)
             self._signature = exact
         if prev is not None and prev_sig == signature and growth_transition(prev, bindings):
