@@ -196,8 +196,7 @@ class CaptureRunner:
                 env[vid] = arr
             if rec is not None:
                 duration = time.perf_counter() - t0
-                for k in seg.nodes:
-                    rec.node(k, "replayed", duration / len(seg.nodes))
+                rec.node_span(seg.nodes, "replayed", duration)
                 rec.add_row("capture_events", slot=slot, segment=seg.index, event="replay",
                             reason="binding signature unchanged", duration_s=duration)
         cap.replays += 1

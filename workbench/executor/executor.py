@@ -94,6 +94,8 @@ class Executor(DecodeMemoSteps):
         self._if_predicates: dict[int, bool] = {}
         self._capturing_node: PlanNode | None = None
         self._steady = False
+        self._liveness_for: StoragePlan | None = None
+        self._liveness_static: list = []
 
     # Everything prepared for one binding regime belongs to a slot: the one-token
     # decode (primary) and the k+1-token speculative verify alternate, and each must
@@ -359,22 +361,27 @@ class Executor(DecodeMemoSteps):
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
         sp = self.storage
-        owners = self._owners
-        buffers = self._buffers
-        first_def, last_use = sp.first_def, sp.last_use
+        if self._liveness_for is not sp:  # the static part of every row, once per storage plan
+            self._liveness_for = sp
+            self._liveness_static = [
+                (vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1),
+                 kind is OWNER or kind is INPUT or kind is INITIALIZER)
+                for vid, kind in sp.storage.items()]
+        owners, buffers = self._owners, self._buffers
         rows = []
-        for vid, kind in sp.storage.items():
+        append = rows.append
+        for vid, kind, first, last, owns in self._liveness_static:
             owner = owners.get(vid, vid)
+            if kind is VIEW and owner == vid:
+                kind, owns = OWNER, True  # the layout op had to copy
             nbytes = 0
-            if kind == VIEW and owner == vid:
-                kind = OWNER  # the layout op had to copy
-            if kind is OWNER or kind is INPUT or kind is INITIALIZER:
+            if owns:
                 value = env[vid]
                 if value is None:
                     value = buffers.get(vid)
                 nbytes = getattr(value, "nbytes", 0)
-            rows.append((vid, kind, owner, nbytes, first_def.get(vid, -1), last_use.get(vid, -1),
-                         owner in pinned, released.get(owner, -1)))
+            append((vid, kind, owner, nbytes, first, last, owner in pinned,
+                    released.get(owner, -1) if released else -1))
         rec.liveness(rows)
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:

@@ -162,6 +162,18 @@ class Recording:
         self._ne_mode.append(mode)
         self._ne_dur.append(duration_s)
 
+    def node_span(self, plan_indices: list[int], mode: str, duration_s: float) -> None:
+        """Many plan nodes ran together (a replayed segment): `duration_s` is shared
+        evenly; the same rows as one `node` call each, appended in one go."""
+        n = len(plan_indices)
+        if not n:
+            return
+        self._order.extend([CODE_NODE] * n)
+        self._ne_step.extend([self._step] * n)
+        self._ne_pi.extend(plan_indices)
+        self._ne_mode.extend([mode] * n)
+        self._ne_dur.extend([duration_s / n] * n)
+
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
         self._order.append(CODE_BUFFER)
