@@ -316,29 +316,10 @@ def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope, *, packed: bool = F
             )
             k = v = ""
         else:
-            q = linear(
-                b,
-                h,
-                lw.q,
-                node=f"/model/layers.{i}/attn/q_proj",
-                weight=f"{p}.attn.q_proj.MatMul.weight",
-                quant=cfg.quant,
-            )
-            k = linear(
-                b,
-                h,
-                lw.k,
-                node=f"/model/layers.{i}/attn/k_proj",
-                weight=f"{p}.attn.k_proj.MatMul.weight",
-                quant=cfg.quant,
-            )
-            v = linear(
-                b,
-                h,
-                lw.v,
-                node=f"/model/layers.{i}/attn/v_proj",
-                weight=f"{p}.attn.v_proj.MatMul.weight",
-                quant=cfg.quant,
+            q, k, v = (
+                linear(b, h, getattr(lw, n), node=f"/model/layers.{i}/attn/{n}_proj",
+                       weight=f"{p}.attn.{n}_proj.MatMul.weight", quant=cfg.quant)
+                for n in ("q", "k", "v")
             )
         past_k, past_v = cfg.past_names(i)
         pres_k, pres_v = cfg.present_names(i)
@@ -384,21 +365,10 @@ def build_genai(cfg: ModelConfig, wts: DecoderWeights, rope, *, packed: bool = F
                 axis=-1,
             )
         else:
-            g = linear(
-                b,
-                h,
-                lw.gate,
-                node=f"/model/layers.{i}/mlp/gate_proj",
-                weight=f"{p}.mlp.gate_proj.MatMul.weight",
-                quant=cfg.quant,
-            )
-            u = linear(
-                b,
-                h,
-                lw.up,
-                node=f"/model/layers.{i}/mlp/up_proj",
-                weight=f"{p}.mlp.up_proj.MatMul.weight",
-                quant=cfg.quant,
+            g, u = (
+                linear(b, h, getattr(lw, n), node=f"/model/layers.{i}/mlp/{n}_proj",
+                       weight=f"{p}.mlp.{n}_proj.MatMul.weight", quant=cfg.quant)
+                for n in ("gate", "up")
             )
         g = b.node(
             "Mul",
