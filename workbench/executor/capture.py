@@ -181,6 +181,9 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
         if v.kind != "tensor":
             return CaptureDecline(k, "sequence_value", f"output {v.name!r} is a {v.kind}")
         if not preallocated[j] and not p.spec.produces_view:
+            if p.spec.data_dependent_shape:
+                return CaptureDecline(k, "data_dependent_shape",
+                                      f"output {v.name!r} is sized by input values ({p.node.op_type})")
             return CaptureDecline(k, "unresolved_shape", f"output {v.name!r} has no preallocated buffer")
     for vid in (*p.inputs, *p.outputs):
         if vid < 0 or vid in bound:

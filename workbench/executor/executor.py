@@ -83,7 +83,6 @@ class Executor(DecodeMemoSteps):
         self.storage: StoragePlan | None = None
         #: plan indices whose preallocated outputs had to be dropped (shape inference disagreed)
         self.jit_forced: set[int] = set()
-        self.last_bindings: dict[str, int] = {}
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
         self._owners: dict[int, int] = {}
@@ -231,7 +230,6 @@ class Executor(DecodeMemoSteps):
             setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         resolve_s = time.perf_counter() - t_start
-        self.last_bindings = bindings
         released: dict[int, int] = {}
         pinned: set[int] = set()
         self._owners = dict(self.storage.owner)  # views that had to copy become owners
@@ -252,7 +250,7 @@ class Executor(DecodeMemoSteps):
         if self.jit_only:
             run_nodes(range(len(dispatch)))
             return env
-        self.capture_mode = self.capture_runner.run_step(self.capture, self._steady, bound, run_nodes, rec, slot)
+        self.capture_runner.run_step(self.capture, self._steady, bound, run_nodes, rec, slot)
         if bound:
             self._fill_bound(env, bound)
         self._stage2_after_run(action, observed)
