@@ -23,10 +23,11 @@ def run_demo(args: argparse.Namespace) -> int:
         else:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": DEMO_QUESTION}])
             print(f"model: SmolLM2-135M-Instruct (converted from GGUF: {path})")
-            print(f"user: {DEMO_QUESTION}\nassistant: ", end="", flush=True)
+            print(f"user: {DEMO_QUESTION}")
             return decode_and_report(path, prompt, args.tokens, out_dir=args.out,
                                      eos_token_id=tokenizer.eos_token_id,
-                                     on_token=stream_printer(tokenizer), label="SmolLM2-135M-Instruct")
+                                     on_token=stream_printer(tokenizer, args.tokens),
+                                     label="SmolLM2-135M-Instruct")
     model = models.llama("small", flavor="genai", seed=0)
     cfg = models.config_of(model)
     print(f"model: built-in llama (small, genai flavour, random weights: {cfg.num_layers} layers); "

@@ -22,10 +22,11 @@ def decode_and_report(model: Any, prompt: list[int], steps: int, *, out_dir: str
     from ..reports import export, summary_text, to_html  # noqa: PLC0415
 
     session = InferenceSession(model, backend=backend)
+    # a streaming caller draws its own progress line (text and bar share the terminal)
     result = Generator(session).generate(prompt, steps, kv=kv, eos_token_id=eos_token_id,
-                                         progress=True, on_token=on_token)
+                                         progress=on_token is None, on_token=on_token)
     if on_token is not None:
-        print()
+        on_token(None)  # the stream's end
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     to_html(session.recording, out / "report.html")
@@ -91,13 +92,21 @@ def add_parser(sub) -> None:
     report.set_defaults(func=cmd_report)
 
 
-def stream_printer(tokenizer: Any) -> Callable[[int], None]:
-    stream = tokenizer.stream()
+def stream_printer(tokenizer: Any, total: int) -> Callable[[int | None], None]:
+    """Streams the reply on one progress line (tokens/s and the text's tail), then
+    prints the whole reply when called with None."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
 
-    def emit(token: int) -> None:
-        text = stream.step(token)
-        if text:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+    stream = tokenizer.stream()
+    bar = tqdm(total=total, unit="tok", desc="decode", leave=False, file=sys.stdout)
+
+    def emit(token: int | None) -> None:
+        if token is None:
+            bar.close()
+            print("assistant:", stream.text.strip())
+            return
+        stream.step(token)
+        bar.update(1)
+        bar.set_postfix_str("…" + stream.text[-48:].replace("\n", " "), refresh=True)
 
     return emit
