@@ -36,8 +36,6 @@ RETIRE_REASONS = {
     "control_flow_shape_flip": "a control-flow output changed shape (e.g. LongRoPE short<->long)",
     "buffers_reallocated": "the executor re-planned its buffers (shapes changed)",
     "capture_failed": "a kernel broke the recording (its op type is quarantined)",
-    "warm_seed_stale": "the warm-up shapes seeded into the capture no longer hold",
-    "replan": "the segmentation changed",
 }
 
 _KV_NAME = re.compile(r"^(past|present)", re.IGNORECASE)
