@@ -13,6 +13,10 @@ import numpy as np
 from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, discover
 from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
+#: staged input buffers kept (by input and shape); a growing mask would otherwise
+#: leave one behind per step
+MAX_STAGED_BUFFERS = 16
+
 #: attention ops that read past and write present in one fixed-capacity buffer
 SHARED_BUFFER_OPS = frozenset({"GroupQueryAttention"})
 
@@ -167,9 +171,12 @@ class Generator:
         """
         values = np.asarray(values, dtype=np.int64)
         key = (name, values.shape)
-        buf = self._feed_buffers.get(key)
+        buf = self._feed_buffers.pop(key, None)
         if buf is None:
-            buf = self._feed_buffers[key] = self.xp.empty(values.shape, np.int64)
+            buf = self.xp.empty(values.shape, np.int64)
+            if len(self._feed_buffers) >= MAX_STAGED_BUFFERS:  # e.g. a mask that grows every step
+                del self._feed_buffers[next(iter(self._feed_buffers))]  # least recently used
+        self._feed_buffers[key] = buf  # most recently used last
         buf[...] = values
         return buf
 
