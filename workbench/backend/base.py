@@ -1,7 +1,12 @@
-"""The one object the executor talks to for memory and device work."""
+"""The one object the executor talks to for memory, device work and graph capture.
+
+`CpuBackend` (numpy) and `CudaBackend` (CuPy) both implement all of it; the
+executor never touches numpy or CuPy memory APIs directly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -11,6 +16,10 @@ class Backend(Protocol):
     name: str
     #: the array module kernels compute with (numpy or cupy)
     xp: Any
+    #: whether begin/end_capture record launches into replayable graphs
+    supports_capture: bool
+    #: True when a capture also runs the work (CPU); False when it only records (CUDA)
+    capture_executes_work: bool
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """A fresh owner buffer: flat bytes with a typed array view of `shape` over them."""
@@ -18,8 +27,26 @@ class Backend(Protocol):
     def from_host(self, array: np.ndarray) -> Any:
         """Place a host array on the backend (may share memory on the CPU)."""
 
+    def adopt(self, value: Any) -> Any:
+        """A kernel's fresh result as a backend array (host fallbacks return numpy)."""
+
     def to_host(self, array: Any) -> np.ndarray:
         """An independent host copy of a backend array."""
 
     def synchronize(self) -> None:
         """Wait for queued device work to finish."""
+
+    def begin_capture(self) -> Any:
+        """Start recording kernel launches; returns the graph being recorded."""
+
+    def record(self, graph: Any, fn: Callable, ins: list, outs: list) -> None:
+        """Note one launch with its concrete buffers (a no-op where the stream records)."""
+
+    def end_capture(self, graph: Any) -> Any:
+        """Finish recording; returns a graph `launch` can replay."""
+
+    def abort_capture(self, graph: Any) -> None:
+        """Abandon a recording a kernel broke."""
+
+    def launch(self, graph: Any) -> None:
+        """Replay a captured graph against the buffers it was recorded with."""

@@ -144,7 +144,7 @@ class Executor(DecodeMemoSteps):
             self._resident -= buf.nbytes
             if self.recording is not None:
                 self.recording.buffer("release", owner, buf.nbytes, plan_index)
-        for vid in self.storage.sharers(owner):
+        for vid in self.storage.sharers.get(owner, ()):
             env[vid] = None
         released[owner] = plan_index
 

@@ -82,7 +82,6 @@ class KernelCache:
 
     def __init__(self) -> None:
         self._built: dict[Any, KernelFn] = {}
-        self.hits = 0
 
     def get(self, spec: KernelSpec, info: NodeInfo) -> KernelFn:
         key = _cache_key(spec, info)
@@ -91,8 +90,6 @@ class KernelCache:
         fn = self._built.get(key)
         if fn is None:
             fn = self._built[key] = spec.build(info)
-        else:
-            self.hits += 1
         return fn
 
 

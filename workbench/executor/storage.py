@@ -33,8 +33,8 @@ class StoragePlan:
     #: plan index -> owner ids whose storage dies after that node (release_dead_values)
     release_after: dict[int, list[int]] = field(default_factory=dict)
 
-    def sharers(self, owner: int) -> list[int]:
-        return [v for v, o in self.owner.items() if o == owner]
+    #: owner id -> every value whose bytes it holds (itself, its views and aliases)
+    sharers: dict[int, list[int]] = field(default_factory=dict)
 
 
 def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bool,
@@ -89,10 +89,12 @@ def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bo
             else:
                 sp.storage[vid] = OWNER
                 share(vid, vid)
+    for vid, owner in sp.owner.items():
+        sp.sharers.setdefault(owner, []).append(vid)
     if release:
         for owner, end in storage_end.items():
             if (sp.storage.get(owner) == OWNER and owner not in sp.pinned_from
-                    and not any(v in protected for v in sp.sharers(owner)) and 0 <= end < n):
+                    and not any(v in protected for v in sp.sharers[owner]) and 0 <= end < n):
                 sp.release_after.setdefault(end, []).append(owner)
     return sp
 

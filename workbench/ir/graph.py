@@ -59,13 +59,3 @@ class Graph:
     #: for a subgraph: names it reads from enclosing scopes, as values of this graph
     outer_inputs: list[ValueId] = field(default_factory=list)
     by_name: dict[str, ValueId] = field(default_factory=dict)
-
-    def value(self, name: str) -> Value:
-        return self.values[self.by_name[name]]
-
-    def symbols(self) -> set[str]:
-        out: set[str] = set()
-        for v in self.values:
-            if v.shape:
-                out.update(d for d in v.shape if isinstance(d, str))
-        return out

@@ -21,8 +21,6 @@ from ..errors import ModelLoadError
 from .contrib_schemas import contrib_shape_inference
 from .graph import Graph, Node, Value
 
-ModelSource = "str | os.PathLike | bytes | onnx.ModelProto"
-
 
 def read_model(model: Any) -> onnx.ModelProto:
     """Parse the caller's model (path, bytes or ModelProto) with external data resolved safely."""

@@ -227,20 +227,3 @@ def ufunc_kernel(fn: Callable[..., Any], arity: int) -> KernelFn:
     def binary(inputs: list, outs: list) -> tuple:
         return (fn(inputs[0], inputs[1], out=outs[0]),)
     return binary
-
-
-def single(fn: Callable[..., Any]) -> KernelFn:
-    """Adapt `fn(*inputs, out=array_or_None) -> array` to the KernelFn contract."""
-
-    def run(inputs: list, outs: list) -> tuple:
-        return (fn(*inputs, out=outs[0]),)
-
-    return run
-
-
-def write(out: np.ndarray | None, value: Any) -> np.ndarray:
-    """Place a computed value into a preallocated output, or return it as is."""
-    if out is None:
-        return np.asarray(value)
-    out[...] = value
-    return out
