@@ -38,3 +38,8 @@ class BackendUnavailableError(WorkbenchError):
 
 class MemoVerifyError(WorkbenchError):
     """Verify mode caught the decode-plan memo replaying something a full resolve disagrees with."""
+
+
+class MechanismDivergenceError(WorkbenchError):
+    """Shadow verification found a mechanism (memo replay, cached view plan, captured
+    replay, If skipping) serving a value that eager execution disagrees with."""

@@ -47,6 +47,42 @@ class SessionOptions:
     capture: bool = _flag("WORKBENCH_CAPTURE", True)
     #: captured segments shorter than this many compute nodes stay eager
     min_segment_nodes: int = 2
+    #: Stage 2 of the memo, the cached view plan: a replay reinstates validated views
+    #: instead of dispatching their layout nodes (WORKBENCH_VIEW_PLAN; needs decode_memo
+    #: and views)
+    view_plan: bool = _flag("WORKBENCH_VIEW_PLAN", True)
+    #: shadow verification: re-run every step a mechanism served (memo replay, Stage 2,
+    #: captured replay, If skipping) eagerly on private buffers and compare every output.
+    #: "off", "record" (divergences go to `recording.divergences()`) or "raise"
+    #: (`MechanismDivergenceError` at the first one) (WORKBENCH_SHADOW)
+    shadow: str = field(default_factory=lambda: _shadow_mode(os.environ.get("WORKBENCH_SHADOW")))
+    #: the fraction of served steps shadowed, 0..1 (WORKBENCH_SHADOW_FRACTION)
+    shadow_fraction: float = field(
+        default_factory=lambda: float(os.environ.get("WORKBENCH_SHADOW_FRACTION", "1") or 1))
+
+    def __post_init__(self) -> None:
+        self.shadow = _shadow_mode(self.shadow)
+        if not 0.0 <= float(self.shadow_fraction) <= 1.0:
+            raise ValueError(f"shadow_fraction must be within 0..1, got {self.shadow_fraction!r}")
+
+
+SHADOW_MODES = ("off", "record", "raise")
+
+
+def _shadow_mode(raw: str | bool | None) -> str:
+    """Normalise a shadow setting: off / record / raise (1, on, true mean record)."""
+    if raw is None or raw is False:
+        return "off"
+    if raw is True:
+        return "record"
+    text = str(raw).strip().lower()
+    if text in _FALSE:
+        return "off"
+    if text in ("1", "on", "true", "yes"):
+        return "record"
+    if text not in SHADOW_MODES:
+        raise ValueError(f"shadow must be one of {SHADOW_MODES}, got {raw!r}")
+    return text
 
 
 @dataclass
