@@ -148,7 +148,7 @@ class DecodeMemoSteps:
 
     def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
         """Build candidates after a rebuild; validate them on the next replay."""
-        if self._stage2_latched or not self.options.views:
+        if self._stage2_latched or not (self.options.views and self.options.view_plan):
             self._view_plan = None
             return
         if action == "rebuilt":
