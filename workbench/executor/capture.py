@@ -35,7 +35,9 @@ RETIRE_REASONS = {
     "binding_changed": "a segment input's address, shape or dtype differs from capture time",
     "control_flow_shape_flip": "a control-flow output changed shape (e.g. LongRoPE short<->long)",
     "buffers_reallocated": "the executor re-planned its buffers (shapes changed)",
-    "capture_failed": "a kernel broke the recording (its op type is quarantined)",
+    "capture_failed": "a kernel read the host while recording (its op type is quarantined)",
+    "capture_api_error": "beginning, ending or launching a device graph failed (the step ran eagerly)",
+    "kernel_error": "a kernel failed while recording (the step fails with a KernelError naming it)",
 }
 
 _KV_NAME = re.compile(r"^(past|present)", re.IGNORECASE)

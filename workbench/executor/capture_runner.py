@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..ops.registry import recording_launches
+from ..errors import KernelError
+from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
     CaptureDecline,
     CapturedGraph,
@@ -150,24 +151,23 @@ class CaptureRunner:
                 if rec is not None:
                     rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
                                 reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
-        except Exception as violation:  # noqa: BLE001 - any failure while recording
-            # CaptureViolation on the CPU; on CUDA also a sync the driver refused
-            if backend_graph is not None:
-                backend.abort_capture(backend_graph)
-            failed = ex._capturing_node
-            self.quarantined.add((failed.node.domain, failed.node.op_type))
-            cap.graphs.clear()
-            cap.retires += 1
-            cap.warm = False
+        except CaptureViolation as violation:
+            # a kernel read the host while recording: keep exactly that node's op eager
+            self._abort(backend, backend_graph, cap)
+            failed = ex.plan.nodes[violation.plan_index].node
+            self.quarantined.add((failed.domain, failed.op_type))
             if rec is not None:
                 rec.add_row("capture_events", slot=slot, segment=-1, event="quarantine",
-                            reason=f"{failed.node.op_type} ({failed.node.name}): {violation}", duration_s=0.0)
-                rec.add_row("capture_events", slot=slot, segment=-1, event="retire",
-                            reason="capture_failed", duration_s=0.0)
-            run_nodes(range(len(ex.plan.nodes)))  # the step still completes, eagerly
-            if rec is not None:
-                self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
-            return "eager"
+                            reason=f"{failed.op_type} ({failed.name}): {violation}", duration_s=0.0)
+            return self._eager_instead(cap, run_nodes, rec, slot, "capture_failed", str(violation))
+        except KernelError as error:  # a genuine kernel bug: it names its node, and the step fails
+            self._abort(backend, backend_graph, cap)
+            self._log_retire(rec, slot, "kernel_error", str(error))
+            raise
+        except Exception as error:  # noqa: BLE001 - begin/end_capture or the driver refused
+            self._abort(backend, backend_graph, cap)
+            return self._eager_instead(cap, run_nodes, rec, slot, "capture_api_error",
+                                       f"{type(error).__name__}: {error}")
         cap.captures += 1
         if rec is not None:
             self._emit_segments(rec, slot, cap, "captured")
@@ -191,7 +191,15 @@ class CaptureRunner:
                     self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
                 return "eager"
             t0 = time.perf_counter()
-            ex.backend.launch(captured.graph)
+            try:
+                ex.backend.launch(captured.graph)
+            except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
+                self._retire(cap, rec, slot, "capture_api_error", f"launch: {type(error).__name__}: {error}")
+                for rest in cap.segments[pos:]:
+                    run_nodes(rest.nodes)
+                if rec is not None:
+                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+                return "eager"
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
             if rec is not None:
@@ -221,9 +229,31 @@ class CaptureRunner:
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
         cap.retire()
+        self._log_retire(rec, slot, reason, detail)
+
+    @staticmethod
+    def _log_retire(rec: Any, slot: str, reason: str, detail: str) -> None:
         if rec is not None:
             rec.add_row("capture_events", slot=slot, segment=-1, event="retire",
                         reason=f"{reason}: {detail}", duration_s=0.0)
+
+    @staticmethod
+    def _abort(backend: Any, backend_graph: Any, cap: SlotCapture) -> None:
+        """Abandon a recording part-way: nothing of it is installed."""
+        if backend_graph is not None:
+            backend.abort_capture(backend_graph)
+        cap.graphs.clear()
+        cap.retires += 1
+        cap.warm = False
+
+    def _eager_instead(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str,
+                       reason: str, detail: str) -> str:
+        """The recording failed: log why, and complete the step eagerly."""
+        self._log_retire(rec, slot, reason, detail)
+        run_nodes(range(len(self.ex.plan.nodes)))
+        if rec is not None:
+            self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+        return "eager"
 
     # -- recording ---------------------------------------------------------------------
 

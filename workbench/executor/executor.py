@@ -56,6 +56,10 @@ class Executor(DecodeMemoSteps):
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
         self.plan: Plan = build_plan(graph, backend.xp, self.cache, self._subgraph_runner)
+        #: outputs of Ifs that may be skipped: never lent to an in-place write
+        self._skippable_outputs = {o for p in self.plan.nodes if p.skippable_if for o in p.outputs if o >= 0}
+        #: skip an If whose predicate is unchanged (off for shadow re-execution)
+        self.skip_unchanged_if = True
         self._env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self._env[vid] = backend.from_host(arr)
@@ -65,6 +69,7 @@ class Executor(DecodeMemoSteps):
         self._resident = 0  # bytes held in self._buffers
         self._peak = 0
         self._signature: Any = object()
+        self._replan: dict[str, str] = {}  # slot -> why its prepared plan must not be reused
         self._dispatch: list[_Dispatch] = []
         self._shapes: dict[int, tuple | None] = {}  # the persistent working shape map
         self._slots: list[tuple[int, int, int, int]] = []
@@ -91,7 +96,6 @@ class Executor(DecodeMemoSteps):
         self._parked: dict[str, dict[str, Any]] = {}  # prepared state of the other slots
         self.capture_runner = CaptureRunner(self)
         self._if_predicates: dict[int, bool] = {}
-        self._capturing_node: PlanNode | None = None
         self._steady = False
         self._liveness_for: StoragePlan | None = None
         self._liveness_static: list = []
@@ -161,7 +165,8 @@ class Executor(DecodeMemoSteps):
         release = opts.release_dead_values and not self.jit_only
         self.storage = sp = plan_storage(
             self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.jit_only,
-            release=release, shapes=shapes, protected=set(self.graph.outputs) | set(bound),
+            release=release, shapes=shapes,
+            protected=set(self.graph.outputs) | set(bound) | self._skippable_outputs,
         )
         self._dispatch = []
         self._slots: list[tuple[int, int, int, int]] = []  # (node, slot, value, owner) preallocated
@@ -235,17 +240,19 @@ class Executor(DecodeMemoSteps):
         self._owners = dict(self.storage.owner)  # views that had to copy become owners
         self._owner_address: dict[int, int] = {}
         self._observed = observed = {}
+        self._view_plan_stale = False
         plan = self._view_plan
         elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
         dispatch = self._dispatch
+        reinstated: list[int] = []
 
         def run_nodes(indices, graph=None):
             for k in indices:
                 d = dispatch[k]
-                if k in elide:
-                    self._reinstate_views(d.p, plan, env, rec, pinned)
-                else:
-                    self._dispatch_node(d, env, bindings, rec, released, pinned, graph)
+                if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
+                    reinstated.append(k)
+                    continue
+                self._dispatch_node(d, env, bindings, rec, released, pinned, graph)
 
         if self.jit_only:
             run_nodes(range(len(dispatch)))
@@ -254,11 +261,11 @@ class Executor(DecodeMemoSteps):
         if bound:
             self._fill_bound(env, bound)
         self._stage2_after_run(action, observed)
-        if elide:
-            self.memo_stats.dispatch_elided += len(elide)
-            self.memo_stats.views_reused += sum(len(self.plan.nodes[k].outputs) for k in elide)
+        views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
+        self.memo_stats.dispatch_elided += len(reinstated)
+        self.memo_stats.views_reused += views_reused
         if rec is not None:
-            self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(elide))
+            self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(reinstated), views_reused)
             self._emit_liveness(rec, env, released, pinned)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         return env
@@ -267,7 +274,7 @@ class Executor(DecodeMemoSteps):
                        released: dict[int, int], pinned: set[int], graph: Any = None) -> None:
         p = d.p
         ins = [env[i] if i >= 0 else None for i in p.inputs]
-        if p.node.op_type == "If" and not p.node.captures and not self.jit_only \
+        if p.skippable_if and not self.jit_only and self.skip_unchanged_if \
                 and self._if_unchanged(p, ins[0], env):
             if rec is not None:
                 rec.node(p.index, "elided", 0.0)
@@ -285,23 +292,26 @@ class Executor(DecodeMemoSteps):
         for pos in d.contiguous:
             x = ins[pos]
             if x is not None and not x.flags.c_contiguous:
-                ins[pos] = np.ascontiguousarray(x)
+                ins[pos] = self._contiguous_copy(x, graph)
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         t0 = time.perf_counter() if rec is not None else 0.0
-        self._capturing_node = p
         try:
             res = p.fn(ins, outs)
-        except (WorkbenchError, CaptureViolation):
+        except CaptureViolation as violation:
+            violation.plan_index = p.index  # the capture runner quarantines exactly this node's op
+            raise
+        except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
-            if graph is not None:
-                raise  # a failure while recording: the capture runner quarantines the op
+            if graph is not None:  # no retry while recording: a retry's launches would not be replayed
+                raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", time.perf_counter() - t0)
         if graph is not None and not d.view:
             self.backend.record(graph, p.fn, ins, outs)
+        materialized: list = []
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -311,16 +321,41 @@ class Executor(DecodeMemoSteps):
                 env[vid] = r
             elif d.view and o is None:
                 env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
+                if graph is not None and self._owners.get(vid) == vid:
+                    materialized.append((j, env[vid]))
             elif o is not None and getattr(r, "shape", None) == o.shape:
                 o[...] = r
                 env[vid] = o
             else:
                 env[vid] = self._adopt(p, vid, r, bindings)
+        if materialized:
+            # A layout node that had to copy: the copy is work a replay must redo, so
+            # it is recorded as a launch writing into the array this run produced.
+            slots = [None] * len(p.outputs)
+            for j, arr in materialized:
+                slots[j] = arr
+            self.backend.record(graph, p.fn, ins, slots)
         if rec is not None and p.index in self.storage.in_place:
             slot, pos = self.storage.in_place[p.index]
             rec.alias(p.outputs[slot], p.inputs[pos], p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
+
+    def _contiguous_copy(self, x: Any, graph: Any) -> Any:
+        """A C-contiguous copy of a strided input. While recording, the copy goes into
+        a buffer the graph keeps and is itself a recorded launch, so every replay
+        copies the current contents (not the capture run's)."""
+        copy = self.backend.allocate(tuple(x.shape), x.dtype)
+        copy[...] = x
+        if graph is not None:
+            self.backend.record(graph, copy_launch, [x], [copy])
+        return copy
+
+    def _request_replan(self, why: str) -> None:
+        """Every slot's next run prepares from scratch (checked before any memo replay)."""
+        self._signature = object()
+        for slot in (self._slot, *self._parked):
+            self._replan.setdefault(slot, why)
 
     def _if_unchanged(self, p: PlanNode, predicate: Any, env: list) -> bool:
         """An If whose predicate is as last step and whose outputs are still resident
@@ -404,15 +439,9 @@ class Executor(DecodeMemoSteps):
                 pass
             else:
                 self.jit_forced.add(p.index)
-                self._signature = object()  # re-plan buffers next run
+                self._request_replan(f"{p.node.label} needed just-in-time allocation")
                 return res
-        shapes = ", ".join(
-            f"{self.graph.values[i].name}{tuple(getattr(a, 'shape', ()))}:{getattr(a, 'dtype', type(a).__name__)}"
-            for i, a in zip(p.inputs, ins) if i >= 0
-        )
-        raise KernelError(
-            f"{p.node.label} failed on inputs [{shapes}]: {type(error).__name__}: {error}"
-        ) from error
+        raise kernel_error(p, self.graph.values, ins, error) from error
 
     def _adopt(self, p: PlanNode, vid: int, r: Any, bindings: dict[str, int]) -> Any:
         """Take a just-in-time result: fix its dtype and bind the symbols its shape reveals."""
@@ -434,7 +463,7 @@ class Executor(DecodeMemoSteps):
                         bindings[d] = got
                     elif have != got:
                         self._untrusted.add(d)
-                        self._signature = object()
+                        self._request_replan(f"symbol {d} is {have} and {got} in one run")
         return r
 
     # -- control flow -----------------------------------------------------------------
@@ -454,6 +483,24 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+
+def copy_launch(ins: list, outs: list) -> tuple:
+    """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
+    outs[0][...] = ins[0]
+    return (outs[0],)
+
+
+def kernel_error(p: PlanNode, values: list, ins: list, error: Exception) -> KernelError:
+    """The KernelError for a failed node: its label, each input's shape and dtype, the
+    cause; `plan_index` travels with it."""
+    shapes = ", ".join(
+        f"{values[i].name}{tuple(getattr(a, 'shape', ()))}:{getattr(a, 'dtype', type(a).__name__)}"
+        for i, a in zip(p.inputs, ins) if i >= 0
+    )
+    err = KernelError(f"{p.node.label} failed on inputs [{shapes}]: {type(error).__name__}: {error}")
+    err.plan_index = p.index
+    return err
 
 
 __all__ = ["ALIAS", "Executor"]

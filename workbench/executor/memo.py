@@ -11,8 +11,11 @@ forces a rebuild the first time it changes, and a stale shape is never served.
 
 Stage 2 goes one further for pure layout nodes whose outputs are invariant: once
 their views are seen identical on two real steps, a replay reinstates the views
-and skips dispatching those nodes, guarded by the (address, capacity) of every
-source buffer they alias.
+and skips dispatching those nodes. A view is a function of its source buffer and
+its parameters, so both are guarded: the (address, capacity) of every source
+buffer before the step, and the value of every runtime parameter input (a Slice's
+starts, a Reshape's shape) when the node comes up; a node whose parameters moved is
+dispatched after all and the plan is dropped.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ class ViewPlan:
     views: dict[int, tuple] = field(default_factory=dict)
     #: owner id -> (address, capacity in bytes) of every source buffer the views alias
     sources: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: plan index -> ((value id, parameter key), ...) for every runtime parameter input
+    #: (a Slice's starts, a Reshape's shape): a view is a function of these values too,
+    #: so a node is reinstated only while they are unchanged
+    params: dict[int, tuple] = field(default_factory=dict)
     validated: bool = False
 
     @property

@@ -77,6 +77,18 @@ class DecodeMemoSteps:
                    bound: dict[int, Any]) -> tuple[str, str]:
         """Prepare this step; returns the memo action and its reason."""
         exact = (tuple(bindings.items()), bound_signature(bound))
+        replan = self._replan.pop(self._slot, None)
+        if replan is not None:
+            # the last run found the prepared plan wrong (a kernel needed just-in-time
+            # allocation, or an inferred symbol proved inconsistent): nothing prepared,
+            # memoised or cached is trusted; start observing afresh
+            self.memo, self._view_plan = None, None
+            self._prev_bindings, self._prev_signature = dict(bindings), self._memo_signature(feeds, bound)
+            self._steady = False
+            self._full_prepare(bindings, bound)
+            self._signature = exact
+            return ("disabled", "decode memo off") if not self.options.decode_memo else (
+                "primed", f"re-plan requested: {replan}")
         self._steady = exact == self._signature
         if not self.options.decode_memo:
             if exact != self._signature:
@@ -153,9 +165,14 @@ class DecodeMemoSteps:
             return
         if action == "rebuilt":
             self._view_plan = self._candidate_view_plan(observed)
+        elif action == "replayed" and self._view_plan is not None and self._view_plan_stale:
+            self._view_plan = None  # a runtime view parameter changed: re-derive from scratch
+            self._stage2_streak += 1
+            self.memo_stats.stage2_mismatches += 1
         elif action == "replayed" and self._view_plan is not None and not self._view_plan.validated:
             plan = self._view_plan
             same = all(vid in observed and observed[vid][1:] == geo[1:] for vid, geo in plan.views.items())
+            same = same and all(self._param_keys(k) == keys for k, keys in plan.params.items())
             if same:
                 plan.views = {vid: observed[vid] for vid in plan.views}
                 plan.validated = True
@@ -164,31 +181,59 @@ class DecodeMemoSteps:
 
     def _candidate_view_plan(self, observed: dict[int, tuple]) -> ViewPlan | None:
         memo = self.memo
-        nodes, views, sources = set(), {}, {}
+        initializers = self.graph.initializers
+        nodes, views, sources, params = set(), {}, {}, {}
         for p in self.plan.nodes:
             if not (p.spec.produces_view and self.options.views):
                 continue
             outs = [v for v in p.outputs if v >= 0]
             if not outs or any(v not in memo.invariant or v not in observed for v in outs):
                 continue
+            if p.inputs[0] not in memo.invariant and p.inputs[0] not in initializers:
+                continue  # the source's shape moves: the view's offsets would too
             owners = {observed[v][1] for v in outs}
-            if not all(o in self._buffers or o in self.graph.initializers for o in owners):
-                continue  # views of caller feeds or just-in-time arrays: their storage is not ours
+            if not all((o in self._buffers and o in memo.invariant) or o in initializers for o in owners):
+                continue  # views of caller feeds, just-in-time or re-sized arrays: not stable storage
+            params[p.index] = self._param_keys(p.index)
             nodes.add(p.index)
             for v in outs:
                 views[v] = observed[v]
             for o in owners:
                 buf = self._buffers.get(o, self._env[o])
                 sources[o] = (address(buf), buf.nbytes)
-        return ViewPlan(frozenset(nodes), views, sources) if nodes else None
+        return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
+
+    def _param_keys(self, k: int) -> tuple:
+        """What node k's views are a function of, besides constants: the geometry of
+        its source (a view produced this step may sit elsewhere, e.g. after a Slice
+        whose start moved) and the values of its runtime parameter inputs (every
+        input after the source that is not an initializer)."""
+        inputs = self.plan.nodes[k].inputs
+        source = self._env[inputs[0]]
+        keys = [(inputs[0], None) if source is None else
+                (inputs[0], address(source), source.shape, source.strides)]
+        for vid in inputs[1:]:
+            if vid < 0 or vid in self.graph.initializers:
+                continue
+            value = self._env[vid]
+            if value is None:
+                keys.append((vid, None))
+                continue
+            host = self.backend.to_host(value)  # part of the guard, not a kernel's read
+            keys.append((vid, host.shape, host.dtype.str, host.tobytes()))
+        return tuple(keys)
 
     def memo_state(self) -> str:
         if self._stage2_latched:
             return "latched"
         return self._view_plan.state if self._view_plan is not None else "none"
 
-    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> None:
-        """Stage 2: the node's views are as they were; put them back without dispatching."""
+    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
+        """Stage 2: the node's views are as they were; put them back without dispatching.
+        False (nothing reinstated) when a runtime parameter of the node changed."""
+        if self._param_keys(p.index) != plan.params[p.index]:
+            self._view_plan_stale = True
+            return False
         if self.options.decode_memo_verify:
             fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
         for j, vid in enumerate(p.outputs):
@@ -209,9 +254,10 @@ class DecodeMemoSteps:
                 rec.view(vid, owner, shape, strides, offset, p.index)
         if rec is not None:
             rec.node(p.index, "elided", 0.0)
+        return True
 
     def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
-                       resolve_s: float, elided: int) -> None:
+                       resolve_s: float, elided: int, views_reused: int) -> None:
         memo = self.memo
         rec.add_row(
             "memo", slot=slot, phase=phase, action=action, reason=reason,
@@ -219,7 +265,6 @@ class DecodeMemoSteps:
             invariant_values=len(memo.invariant) if memo is not None else 0,
             variant_values=len(memo.variant) if memo is not None else 0,
             resolve_ms=resolve_s * 1e3, stage2=self.memo_state(),
-            views_reused=sum(len(self.plan.nodes[k].outputs) for k in self._view_plan.nodes)
-            if elided else 0,
+            views_reused=views_reused,
             dispatch_elided=elided, mismatch_streak=self._stage2_streak,
         )

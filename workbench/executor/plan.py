@@ -33,6 +33,14 @@ class PlanNode:
     def kernel_kind(self) -> str:
         return self.spec.kind
 
+    @property
+    def skippable_if(self) -> bool:
+        """An If whose branches read nothing from the enclosing graph: its outputs
+        depend on the predicate alone, so a step with an unchanged predicate may skip
+        it. Its output buffers must then stay as the branch left them (no in-place
+        write into them, see `plan_storage`)."""
+        return self.node.op_type == "If" and not self.node.captures
+
 
 @dataclass
 class Plan:

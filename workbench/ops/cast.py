@@ -20,7 +20,7 @@ import numpy as np
 from onnx import helper
 
 from ..dtypes import ALL_PLAIN
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, register
+from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
 
 STRING = np.dtype(object)
 #: dtypes cast natively; anything else (ml_dtypes' exotic types) goes through onnx.reference
@@ -66,7 +66,7 @@ def _plain_cast(target: np.dtype) -> CastFn:
 
 
 def _to_string(x: Any, out: Any) -> Any:
-    text = np.asarray(x).astype(np.str_).astype(object)  # python str elements
+    text = host_read(x).astype(np.str_).astype(object)  # python str elements (a device x copies)
     if out is None:
         return text
     out[...] = text
@@ -75,7 +75,7 @@ def _to_string(x: Any, out: Any) -> Any:
 
 def _from_string(target: np.dtype) -> CastFn:
     def cast(x: Any, out: Any) -> Any:
-        value = np.asarray(x, dtype=object).astype(target)  # float("INF"), int("7"), ...
+        value = host_read(x).astype(target)  # object array of str: float("INF"), int("7"), ...
         if out is None:
             return value
         out[...] = value

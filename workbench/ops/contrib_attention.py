@@ -230,6 +230,17 @@ def _host_int(value: Any) -> int:
     return int(host_read(value).reshape(-1)[0])
 
 
+def _numpy_int(value: np.ndarray) -> int:
+    """A one-element numpy input's value, for the one-token decode fast path only.
+
+    Not through `host_read`: that path runs on the numpy backend alone (`decode_fast`),
+    whose recorded launch re-runs this kernel at every replay, so the value is read
+    afresh each time and never baked in. (The kernel thereby relies on how the CPU
+    backend replays; a device backend always takes the general path.)
+    """
+    return int(value.reshape(-1)[0])  # host-ok: numpy-only fast path, re-run by each CPU replay
+
+
 def _same_buffer(a: Any, b: Any) -> bool:
     """Whether two arrays are the same memory (the shared past/present KV buffer case)."""
     if a is None or b is None:
@@ -380,7 +391,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if (past_value.shape != cache_shape or cache_shape[0] != 1 or cache_shape[1] != kv_num_heads
                 or cache_shape[3] != head_size):
             return None
-        pos = int(seqlens_k.item())
+        pos = _numpy_int(seqlens_k)
         if pos < 0 or pos > past_len:  # rows of 0..pos the past does not hold are zeros there
             return None
         if out_v is not None:
@@ -407,7 +418,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if do_rotary:
             if cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size:
                 return None
-            p = pos if position_ids is None else int(position_ids.reshape(-1)[0])
+            p = pos if position_ids is None else _numpy_int(position_ids)
             p = min(max(p, 0), cos_cache.shape[0] - 1)
             rotary_cos, rotary_sin = cos_cache[p], sin_cache[p]
         if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1

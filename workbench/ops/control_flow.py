@@ -69,7 +69,7 @@ def loop(info: NodeInfo):
 
 def _stack(parts: list, info: NodeInfo, out_index: int) -> np.ndarray:
     if parts:
-        return np.stack([np.asarray(p) for p in parts])
+        return np.stack([host_read(p) for p in parts])
     dtype = info.output_dtypes[out_index] if out_index < len(info.output_dtypes) else None
     return np.empty((0,), dtype=dtype or np.float32)
 
@@ -91,7 +91,7 @@ def scan(info: NodeInfo):
         states = list(inputs[:n_state])
         seqs = []
         for k, x in enumerate(inputs[n_state:n_formal]):
-            x = np.moveaxis(np.asarray(x), in_axes[k] % max(x.ndim, 1), 0)
+            x = np.moveaxis(host_read(x), in_axes[k] % max(x.ndim, 1), 0)
             seqs.append(x[::-1] if in_dirs[k] else x)
         captures = _captures(info, inputs, n_formal)
         length = seqs[0].shape[0] if seqs else 0
@@ -100,7 +100,7 @@ def scan(info: NodeInfo):
             results = body([*states, *(s[t] for s in seqs)], captures)
             states = list(results[:n_state])
             for k in range(n_scan_out):
-                collected[k].append(np.asarray(results[n_state + k]))
+                collected[k].append(host_read(results[n_state + k]))
         outputs = list(states)
         for k, parts in enumerate(collected):
             y = np.stack(parts[::-1] if out_dirs[k] else parts)
@@ -122,9 +122,9 @@ def scan_batched(info: NodeInfo):
     directions = list(info.attr("directions", [0] * n_scan_in))
 
     def run(inputs, outs):
-        lens = inputs[0]
-        states0 = [np.asarray(s) for s in inputs[1:1 + n_state]]
-        seqs = [np.asarray(x) for x in inputs[1 + n_state:n_formal]]
+        lens = None if inputs[0] is None else host_read(inputs[0])
+        states0 = [host_read(s) for s in inputs[1:1 + n_state]]
+        seqs = [host_read(x) for x in inputs[1 + n_state:n_formal]]
         captures = _captures(info, inputs, n_formal)
         batch = seqs[0].shape[0]
         final_states: list[list] = [[] for _ in range(n_state)]
@@ -138,9 +138,9 @@ def scan_batched(info: NodeInfo):
                 results = body([*states, *xs], captures)
                 states = list(results[:n_state])
                 for k in range(n_scan_out):
-                    per_step[k].append(np.asarray(results[n_state + k]))
+                    per_step[k].append(host_read(results[n_state + k]))
             for k in range(n_state):
-                final_states[k].append(np.asarray(states[k]))
+                final_states[k].append(host_read(states[k]))
             for k in range(n_scan_out):
                 scanned[k].append(np.stack(per_step[k]))
         return [np.stack(s) for s in final_states] + [np.stack(s) for s in scanned]

@@ -356,7 +356,14 @@ def _split_builder(info: NodeInfo, split_input: bool) -> KernelFn:
     return run_dynamic
 
 
-@register("Split", since=1, until=1, produces_view=True)
+def _split_1_capture(info: NodeInfo) -> CaptureVerdict:
+    """Split-1 reads its sizes on the host when they come as a non-constant input 1."""
+    if info.attr("split") is not None:
+        return CAPTURE_SUPPORTED  # the attribute wins: input 1 is never read
+    return host_read_verdict((1,), "split")(info)
+
+
+@register("Split", since=1, until=1, produces_view=True, capture=_split_1_capture)
 def split_1(info: NodeInfo) -> KernelFn:
     if info.attr("split") is None and not is_omitted(info, 1):
         return _split_builder(info, True)  # Split-1 could take the sizes as input 1

@@ -245,7 +245,7 @@ def _build_topk(info: NodeInfo, k_static: int | None) -> KernelFn:
     largest = bool(info.attr("largest", 1))  # `sorted=0` leaves the order free: we sort
 
     def run(inputs: list, outs: list) -> tuple:
-        k = k_static if k_static is not None else int(inputs[1].reshape(-1)[0])
+        k = k_static if k_static is not None else int(host_read(inputs[1]).reshape(-1)[0])
         values, indices = _top_k(xp, inputs[0], k, axis, largest)
         return _emit(xp, outs[0], values, values.dtype), _emit(xp, outs[1], indices, I64)
     return run

@@ -1,0 +1,229 @@
+"""One named test per way a mechanism has silently changed a value.
+
+The model is tinygrad's `test/test_jit_footguns.py`: every silent-corruption
+pattern ever found gets a regression here. Each test runs the graph at least six
+times with its inputs at *stable addresses* and *new contents* every run (the
+way a decode loop feeds a model, and the only way a stale capture shows), under
+the default options with memo verification off, and checks exact values against
+onnxruntime or numpy — never against another mechanism of ours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench
+from workbench import RunOptions, SessionOptions
+
+RUNS = 8
+OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=OPSET):
+    graph = helper.make_graph(nodes, "footgun", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=opset, ir_version=8)
+
+
+def _options(**kw):
+    kw.setdefault("decode_memo_verify", False)  # the default a user gets
+    return SessionOptions(**kw)
+
+
+def _ort(model):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _tensor(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _assert_exact(got, want, run, what=""):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run} {what}")
+
+
+def test_capture_replay_must_not_read_a_copy_made_at_capture_time():
+    """A layout node that has to materialise (Reshape of a transposed tensor) copies
+    at run time; a replay that skips the copy reads the capture run's contents."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((12, 3)).astype(np.float32), "w2")
+    s1 = numpy_helper.from_array(np.array([3, 2, 4], np.int64), "s1")
+    s2 = numpy_helper.from_array(np.array([2, 12], np.int64), "s2")
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w1"], ["a"]),
+         helper.make_node("Reshape", ["a", "s1"], ["b"]),
+         helper.make_node("Transpose", ["b"], ["c"], perm=[1, 0, 2]),
+         helper.make_node("Reshape", ["c", "s2"], ["d"]),
+         helper.make_node("MatMul", ["d", "w2"], ["y"])],
+        [_tensor("x", [6, 4])], [_tensor("y", [2, 3])], [w1, w2, s1, s2])
+    session = workbench.InferenceSession(model, _options())
+    oracle = _ort(model)
+    x = np.empty((6, 4), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((6, 4))
+        (got,) = session.run(None, {"x": x})
+        (want,) = oracle.run(None, {"x": x.copy()})
+        _assert_exact(got, want, run)
+    events = session.recording.capture_events()
+    assert (events.event == "replay").any(), "the graph must actually replay for this test to bite"
+
+
+def test_contiguity_copy_before_a_kernel_is_replayed_or_declined():
+    """A kernel that needs a C-contiguous input gets a copy of a strided view; that
+    copy must be part of what a replay does, not a snapshot of the capture run."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((4, 5)).astype(np.float32), "w")
+    model = _model(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["t", "w"], ["m"]),
+         helper.make_node("Softmax", ["m"], ["y"], axis=-1)],
+        [_tensor("x", [4, 6])], [_tensor("y", [6, 5])], [w])
+    session = workbench.InferenceSession(model, _options(min_segment_nodes=1))
+    oracle = _ort(model)
+    x = np.empty((4, 6), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((4, 6))
+        (got,) = session.run(None, {"x": x})
+        (want,) = oracle.run(None, {"x": x.copy()})
+        _assert_exact(got, want, run)
+
+
+def _packed_gqa_model(heads=2, kv_heads=1, head=16, hidden=32, capacity=16):
+    rng = np.random.default_rng(2)
+    width = (heads + 2 * kv_heads) * head
+    w = numpy_helper.from_array((rng.standard_normal((hidden, width)) * 0.3).astype(np.float32), "w_qkv")
+    split = numpy_helper.from_array(np.array([heads * head, kv_heads * head, kv_heads * head], np.int64), "qkv_split")
+    kv_shape = [1, kv_heads, capacity, head]
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"]),
+         helper.make_node("Split", ["qkv", "qkv_split"], ["q", "k", "v"], axis=2),
+         helper.make_node("GroupQueryAttention",
+                          ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
+                          ["attn", "present_key", "present_value"], domain="com.microsoft",
+                          num_heads=heads, kv_num_heads=kv_heads),
+         helper.make_node("Neg", ["attn"], ["y"])],
+        [_tensor("x", [1, 2, hidden]), _tensor("past_key", kv_shape), _tensor("past_value", kv_shape),
+         _tensor("seqlens_k", [1], TensorProto.INT32), _tensor("total_sequence_length", [], TensorProto.INT32)],
+        [_tensor("y", [1, 2, heads * head]), _tensor("present_key", kv_shape), _tensor("present_value", kv_shape)],
+        [w, split])
+    return model, kv_shape, hidden
+
+
+@pytest.mark.parametrize("slot", ["verify", "primary"])
+def test_packed_qkv_split_into_gqa_with_two_query_tokens_and_kv_bound_in_place(slot):
+    """The verify slot's shape: 2 query tokens, packed QKV split into views, the KV
+    cache bound as its own present (fixed capacity, written in place)."""
+    model, kv_shape, hidden = _packed_gqa_model()
+    capacity = kv_shape[2]
+    session = workbench.InferenceSession(model, _options())
+    oracle = _ort(model)
+    rng = np.random.default_rng(3)
+    x = np.empty((1, 2, hidden), np.float32)
+    key = np.zeros(kv_shape, np.float32)
+    value = np.zeros(kv_shape, np.float32)
+    seqlens = np.empty((1,), np.int32)
+    total = np.array(capacity, np.int32)
+    y = np.empty((1, 2, 32), np.float32)
+    ref_key, ref_value = key.copy(), value.copy()
+    binding = session.io_binding()
+    for name, arr in (("x", x), ("past_key", key), ("past_value", value),
+                      ("seqlens_k", seqlens), ("total_sequence_length", total)):
+        binding.bind_input(name, arr)
+    for name, arr in (("y", y), ("present_key", key), ("present_value", value)):
+        binding.bind_output(name, arr)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        seqlens[...] = 2 * run + 1  # two new tokens each run: total length 2 * (run + 1)
+        want = oracle.run(None, {"x": x.copy(), "past_key": ref_key, "past_value": ref_value,
+                                 "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()})
+        session.run_with_iobinding(binding, RunOptions(slot=slot))
+        _assert_exact(y, want[0], run, "attention output")
+        _assert_exact(key, want[1], run, "present_key")
+        _assert_exact(value, want[2], run, "present_value")
+        ref_key, ref_value = want[1], want[2]
+
+
+def _if_model():
+    then = helper.make_graph([helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(
+        np.array([1.0, 2.0, 3.0], np.float32)))], "then", [], [_tensor("t", [3])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(
+        np.array([-1.0, -2.0, -3.0], np.float32)))], "else", [], [_tensor("e", [3])])
+    two = numpy_helper.from_array(np.array([2.0], np.float32), "two")
+    return _model(
+        [helper.make_node("If", ["cond"], ["branch"], then_branch=then, else_branch=other),
+         helper.make_node("Mul", ["branch", "two"], ["doubled"]),
+         helper.make_node("Neg", ["doubled"], ["y"])],
+        [_tensor("cond", [], TensorProto.BOOL)], [_tensor("y", [3])], [two])
+
+
+def test_skipped_if_output_is_never_overwritten_in_place():
+    """An unchanged predicate skips the If; a later elementwise node must not have
+    written into the If's output buffer, or the skipped value compounds."""
+    model = _if_model()
+    session = workbench.InferenceSession(model, _options())
+    oracle = _ort(model)
+    cond = np.empty((), np.bool_)
+    for run in range(RUNS):
+        cond[...] = run < 4 or run % 3 == 0  # unchanged for several runs, then flips
+        (got,) = session.run(None, {"cond": cond})
+        (want,) = oracle.run(None, {"cond": cond.copy()})
+        _assert_exact(got, want, run)
+
+
+def _runtime_slice_model(width=4):
+    """A growing KV input, plus a Slice whose start is computed at run time."""
+    one = numpy_helper.from_array(np.array([1], np.int64), "one")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    table = numpy_helper.from_array(np.arange(8 * width, dtype=np.float32).reshape(8, width), "table")
+    shape = numpy_helper.from_array(np.array([1, width], np.int64), "row_shape")
+    return _model(
+        [helper.make_node("Add", ["row", "one"], ["start"]),
+         helper.make_node("Add", ["start", "one"], ["end"]),
+         helper.make_node("Slice", ["table", "start", "end", "axes"], ["picked"]),
+         helper.make_node("Reshape", ["picked", "row_shape"], ["picked2"]),
+         helper.make_node("Mul", ["picked2", "scale"], ["scaled"]),
+         helper.make_node("Unsqueeze", ["scaled", "axes"], ["new_row"]),
+         helper.make_node("Concat", ["past", "new_row"], ["present"], axis=1),
+         helper.make_node("ReduceSum", ["present"], ["total"], keepdims=0)],
+        [_tensor("row", [1], TensorProto.INT64), _tensor("scale", [1, width]),
+         _tensor("past", [1, "T", width])],
+        [_tensor("present", [1, "T1", width]), _tensor("total", [])],
+        [one, axes, table, shape])
+
+
+@pytest.mark.parametrize("runtime_reshape", [False, True])
+def test_cached_view_plan_admits_no_view_with_runtime_parameters(runtime_reshape):
+    """Stage 2 reinstates views without dispatching their nodes. A Slice whose
+    start comes from a runtime tensor (or a Reshape with a runtime shape) is not a
+    pure function of its source buffer: changing the start must change the row."""
+    width = 4
+    model = _runtime_slice_model(width)
+    if runtime_reshape:  # feed the Reshape's target shape as a runtime input instead
+        graph = model.graph
+        graph.initializer.remove(next(t for t in graph.initializer if t.name == "row_shape"))
+        graph.input.append(_tensor("row_shape", [2], TensorProto.INT64))
+    session = workbench.InferenceSession(model, _options())
+    oracle = _ort(model)
+    rng = np.random.default_rng(4)
+    row = np.empty((1,), np.int64)
+    scale = np.empty((1, width), np.float32)
+    row_shape = np.array([1, width], np.int64)
+    past = np.zeros((1, 0, width), np.float32)
+    for run in range(RUNS + 2):
+        row[...] = 1 if run < 4 else run % 6
+        scale[...] = rng.uniform(0.5, 1.5, (1, width))
+        feeds = {"row": row, "scale": scale, "past": past}
+        if runtime_reshape:
+            feeds["row_shape"] = row_shape
+        got = session.run(None, feeds)
+        want = oracle.run(None, {k: v.copy() for k, v in feeds.items()})
+        _assert_exact(got[0], want[0], run, "present")
+        _assert_exact(got[1], want[1], run, "total")
+        past = got[0]
+    memo = session.recording.memo_timeline()
+    assert (memo.action == "replayed").any(), "the memo must replay for this test to bite"
