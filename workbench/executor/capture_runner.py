@@ -39,6 +39,8 @@ class CaptureRunner:
         graph = executor.graph
         self.build_growing = growing_symbols(graph)
         self.quarantined: set[tuple[str, str]] = set()
+        #: plan indices served by a captured replay in the last step (for shadow)
+        self.replayed_nodes: list[int] = []
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
 
@@ -97,6 +99,7 @@ class CaptureRunner:
     def run_step(self, cap: SlotCapture, steady: bool, bound: dict[int, Any], run_nodes: Any,
                  rec: Any, slot: str) -> str:
         """Run the step's nodes; returns the capture mode used: eager, capture or replay."""
+        self.replayed_nodes = []
         disabled = self.enabled_reason()
         if disabled is not None:
             run_nodes(range(len(self.ex.plan.nodes)))
@@ -202,6 +205,7 @@ class CaptureRunner:
                 return "eager"
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
+            self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
                 duration = time.perf_counter() - t0
                 rec.node_span(seg.nodes, "replayed", duration)

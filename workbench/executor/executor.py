@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, WorkbenchError
+from ..errors import KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from ..session.options import SessionOptions
@@ -23,6 +23,7 @@ from .capture_runner import CaptureRunner
 from .memo import DecodePlanMemo, MemoStats, ViewPlan
 from .memo_steps import DecodeMemoSteps
 from .plan import KernelCache, Plan, PlanNode, build_plan
+from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
 from .views import address, is_view_of
@@ -60,6 +61,8 @@ class Executor(DecodeMemoSteps):
         self._skippable_outputs = {o for p in self.plan.nodes if p.skippable_if for o in p.outputs if o >= 0}
         #: skip an If whose predicate is unchanged (off for shadow re-execution)
         self.skip_unchanged_if = True
+        self.shadow = Shadow(self.options.shadow if not jit_only else "off", self.options.shadow_fraction)
+        self._skipped_ifs: list[int] = []
         self._env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self._env[vid] = backend.from_host(arr)
@@ -257,10 +260,15 @@ class Executor(DecodeMemoSteps):
         if self.jit_only:
             run_nodes(range(len(dispatch)))
             return env
+        snapshot = self._shadow_snapshot(feeds, bound, action)
+        self._skipped_ifs = []
         self.capture_runner.run_step(self.capture, self._steady, bound, run_nodes, rec, slot)
         if bound:
             self._fill_bound(env, bound)
+        if action == "replayed" and self.options.decode_memo_verify:
+            self._verify_shapes_against_kernels(env)
         self._stage2_after_run(action, observed)
+        divergences = self._shadow_check(snapshot, env, action, reinstated, slot, rec)
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
         self.memo_stats.dispatch_elided += len(reinstated)
         self.memo_stats.views_reused += views_reused
@@ -268,7 +276,67 @@ class Executor(DecodeMemoSteps):
             self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(reinstated), views_reused)
             self._emit_liveness(rec, env, released, pinned)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
+        if divergences and self.options.shadow == "raise":
+            first = divergences[0]
+            raise MechanismDivergenceError(
+                f"{first.mechanism} changed a value: node {first.node!r} ({first.op_type}, plan index "
+                f"{first.plan_index}) output {first.value!r} differs from eager execution by "
+                f"{first.max_abs_err:g} (shape {first.shape_got}, eager {first.shape_expected}); "
+                f"{len(divergences)} divergent value(s) this step")
         return env
+
+    # -- shadow verification (see shadow.py) ----------------------------------------------
+
+    def _shadow_snapshot(self, feeds: dict[int, Any], bound: dict[int, Any], action: str) -> tuple | None:
+        """Private copies of the feeds and bound outputs, when this step may be served
+        by a mechanism and is due for shadowing. Copied before the step (a bound output
+        may alias a feed, e.g. a KV cache written in place), keeping that aliasing: the
+        reference sees the same buffer roles (GroupQueryAttention's shared-buffer mode
+        depends on them)."""
+        shadow = self.shadow
+        if not shadow.on:
+            return None
+        may_serve = action == "replayed" or (self._steady and self.capture.installed) \
+            or bool(self._skippable_outputs)
+        if not may_serve or not shadow.due():
+            return None
+        copies: dict[int, Any] = {}  # id of the caller's array -> its private copy
+
+        def private(a: Any) -> Any:
+            if not hasattr(a, "shape"):
+                return a
+            if id(a) not in copies:
+                copies[id(a)] = self.backend.from_host(self.backend.to_host(a))
+            return copies[id(a)]
+
+        return ({vid: private(a) for vid, a in feeds.items()}, {vid: private(a) for vid, a in bound.items()})
+
+    def _shadow_check(self, snapshot: tuple | None, env: list, action: str,
+                      reinstated: list[int], slot: str, rec: Any) -> list:
+        if snapshot is None:
+            return []
+        mechanisms = {k: "capture_replay" for k in self.capture_runner.replayed_nodes}
+        mechanisms.update({k: "view_plan" for k in reinstated})
+        mechanisms.update({k: "if_skip" for k in self._skipped_ifs})
+        if not mechanisms and action != "replayed":
+            self.shadow.served -= 1  # nothing was served after all: not a shadowed step
+            return []
+        reference = self.shadow.reference(
+            lambda options: Executor(self.graph, self.backend, options=options, cache=self.cache),
+            self.options)
+        reference_env = reference.run(*snapshot, slot=slot)
+        found = self.shadow.compare(self, env, reference_env, mechanisms,
+                                    "decode_memo" if action == "replayed" else "storage")
+        if rec is not None:
+            rec.add_row("shadow", slot=slot, checked=True, divergences=len(found),
+                        mechanisms=sorted(set(mechanisms.values()) | ({"decode_memo"} if action == "replayed"
+                                                                     else set())))
+            for d in found:
+                rec.add_row("divergences", slot=slot, plan_index=d.plan_index, node=d.node,
+                            op_type=d.op_type, value=d.value, mechanism=d.mechanism,
+                            max_abs_err=d.max_abs_err, shape_expected=list(d.shape_expected or ()),
+                            shape_got=list(d.shape_got or ()))
+        return found
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
                        released: dict[int, int], pinned: set[int], graph: Any = None) -> None:
@@ -276,6 +344,7 @@ class Executor(DecodeMemoSteps):
         ins = [env[i] if i >= 0 else None for i in p.inputs]
         if p.skippable_if and not self.jit_only and self.skip_unchanged_if \
                 and self._if_unchanged(p, ins[0], env):
+            self._skipped_ifs.append(p.index)
             if rec is not None:
                 rec.node(p.index, "elided", 0.0)
             return

@@ -43,19 +43,18 @@ class DecodeMemoSteps:
             self._dispatch[k].outs[j] = arr
         for k, j, vid, owner in self._variant_slots:
             self._dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
-        if self.options.decode_memo_verify:
-            self._verify_replay(bindings, bound)
-
-    def _verify_replay(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        for v in self.graph.values:
-            if v.dtype is None or v.id in bound:
-                continue
-            fresh = resolve(v.shape, bindings)
-            if self._shapes.get(v.id) != fresh:
-                raise MemoVerifyError(
-                    f"decode-plan memo replayed shape {self._shapes.get(v.id)} for value {v.name!r} "
-                    f"but a full resolve gives {fresh} (bindings {bindings})"
-                )
+    def _verify_shapes_against_kernels(self, env: list) -> None:
+        """Verify mode: every shape the replay served must be the shape the kernels
+        actually produced this step (an independent witness, unlike a second resolve)."""
+        values = self.graph.values
+        for p in self.plan.nodes:
+            for vid in p.outputs:
+                served = self._shapes.get(vid) if vid >= 0 else None
+                got = getattr(env[vid], "shape", None) if served is not None else None
+                if got is not None and tuple(got) != served:
+                    raise MemoVerifyError(
+                        f"decode-plan memo replayed shape {served} for value {values[vid].name!r} "
+                        f"but {p.node.label} produced {tuple(got)}")
         self.memo_stats.verified += 1
 
     def _memo_signature(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:

@@ -498,6 +498,20 @@ class Recording:
         return self._named_table("capture_events", [
             "step", "slot", "segment", "event", "reason", "duration_s"])
 
+    def divergences(self) -> pd.DataFrame:
+        """What shadow verification (`SessionOptions.shadow`) found: one row per value a
+        mechanism served differently from eager execution: `step, slot, plan_index,
+        node, op_type, value, mechanism` (decode_memo, view_plan, capture_replay,
+        if_skip, storage), `max_abs_err, shape_expected, shape_got`. Empty in a sound run."""
+        return self._named_table("divergences", [
+            "step", "slot", "plan_index", "node", "op_type", "value", "mechanism", "max_abs_err",
+            "shape_expected", "shape_got"])
+
+    def shadow_checks(self) -> pd.DataFrame:
+        """One row per shadowed step: `step, slot, checked, divergences, mechanisms`
+        (which mechanisms served that step)."""
+        return self._named_table("shadow", ["step", "slot", "checked", "divergences", "mechanisms"])
+
     # ------------------------------------------------------------------ reports
     # Thin delegates to `workbench.reports`, imported inside each call on purpose: the
     # trace layer is imported by `import workbench` and must not pull in the front end
