@@ -5,7 +5,7 @@ belong to `workbench.widgets` and the reports.
 """
 
 from . import ops as _ops  # noqa: F401 - registers the kernels
-from .decode import DecodeInterfaceError, GenerationResult, Generator
+from .decode import DecodeInterfaceError, GenerationResult, Generator, compare
 from .errors import (
     BackendUnavailableError,
     InputError,
@@ -39,4 +39,5 @@ __all__ = [
     "SessionOptions",
     "UnsupportedOperatorError",
     "WorkbenchError",
+    "compare",
 ]
