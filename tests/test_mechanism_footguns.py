@@ -227,3 +227,144 @@ def test_cached_view_plan_admits_no_view_with_runtime_parameters(runtime_reshape
         past = got[0]
     memo = session.recording.memo_timeline()
     assert (memo.action == "replayed").any(), "the memo must replay for this test to bite"
+
+
+# -- found by reading ------------------------------------------------------------------
+
+
+def _growing_model():
+    """A growing KV-like input and a fixed-shape part: the memo replays from step 2."""
+    w = numpy_helper.from_array(np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32), "w")
+    return _model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Tanh", ["h"], ["t"]),
+         helper.make_node("Relu", ["t"], ["r"]),
+         helper.make_node("Unsqueeze", ["r", "axes"], ["row"]),
+         helper.make_node("Concat", ["past", "row"], ["present"], axis=1),
+         helper.make_node("ReduceSum", ["present", "axes"], ["y"], keepdims=0)],
+        [_tensor("x", [1, 4]), _tensor("past", [1, "T", 4])],
+        [_tensor("present", [1, "T1", 4]), _tensor("y", [1, 4])],
+        [w, numpy_helper.from_array(np.array([1], np.int64), "axes")])
+
+
+def _decode_growing(session, oracle, runs=RUNS):
+    rng = np.random.default_rng(6)
+    x = np.empty((1, 4), np.float32)
+    past = np.zeros((1, 0, 4), np.float32)
+    for run in range(runs):
+        x[...] = rng.standard_normal((1, 4))
+        got = session.run(None, {"x": x, "past": past})
+        want = oracle.run(None, {"x": x.copy(), "past": past.copy()})
+        for g, w in zip(got, want):
+            _assert_exact(g, w, run)
+        past = got[0]
+
+
+def test_memo_replay_honours_a_replan_request():
+    """A kernel that cannot write into its preallocated buffer is retried without
+    it and marked for just-in-time allocation; a memo replay must not keep handing it
+    the preallocated buffer (failing and retrying every step)."""
+    model = _growing_model()
+    session = workbench.InferenceSession(model, _options(capture=False))
+    victim = next(p for p in session.plan.nodes if p.node.op_type == "Tanh")
+    original = victim.fn
+    preallocated_calls = []
+
+    def picky(ins, outs):  # shape inference "was wrong" for this node
+        if outs[0] is not None:
+            preallocated_calls.append(len(preallocated_calls))
+            raise ValueError("output buffer has the wrong shape")
+        return original(ins, outs)
+
+    victim.fn = picky
+    _decode_growing(session, _ort(model))
+    assert len(preallocated_calls) == 1, "one failure, then just-in-time allocation for good"
+    memo = session.recording.memo_timeline()
+    assert memo.reason.str.startswith("re-plan requested: ").sum() == 1
+    assert (memo.action == "replayed").any(), "the memo still replays after the re-plan"
+
+
+def _fixed_model():
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    return _model(
+        [helper.make_node("MatMul", ["x", "w"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["b"]),
+         helper.make_node("MatMul", ["b", "w"], ["c"]),
+         helper.make_node("Sigmoid", ["c"], ["y"])],
+        [_tensor("x", [2, 4])], [_tensor("y", [2, 4])], [w])
+
+
+def _run_fixed(session, oracle, runs=RUNS):
+    rng = np.random.default_rng(8)
+    x = np.empty((2, 4), np.float32)
+    for run in range(runs):
+        x[...] = rng.standard_normal((2, 4))
+        (got,) = session.run(None, {"x": x})
+        (want,) = oracle.run(None, {"x": x.copy()})
+        _assert_exact(got, want, run)
+
+
+def test_quarantine_names_the_node_that_read_the_host_not_the_last_one_run():
+    model = _fixed_model()
+    session = workbench.InferenceSession(model, _options(min_segment_nodes=1))
+    reader = next(p for p in session.plan.nodes if p.node.op_type == "Tanh")
+    original = reader.fn
+
+    def syncs(ins, outs):
+        out = original(ins, outs)
+        workbench.ops.registry.host_read(out[0])  # after its own work: the next node is not at fault
+        return out
+
+    reader.fn = syncs
+    _run_fixed(session, _ort(model))
+    assert session.executor.capture_runner.quarantined == {("", "Tanh")}
+    events = session.recording.capture_events()
+    assert events[events.event == "quarantine"].reason.str.startswith("Tanh").all()
+
+
+def test_a_kernel_bug_while_capturing_is_a_kernel_error_naming_its_node():
+    model = _fixed_model()
+    session = workbench.InferenceSession(model, _options(min_segment_nodes=1))
+    victim = next(p for p in session.plan.nodes if p.node.op_type == "Sigmoid")
+    original = victim.fn
+    calls = []
+
+    def breaks_second_time(ins, outs):
+        calls.append(1)
+        if len(calls) == 2:  # run 1 is the warm-up, run 2 records
+            raise IndexError("kernel bug")
+        return original(ins, outs)
+
+    victim.fn = breaks_second_time
+    x = np.ones((2, 4), np.float32)
+    session.run(None, {"x": x})
+    with pytest.raises(workbench.KernelError, match=r"Sigmoid.*IndexError: kernel bug") as info:
+        session.run(None, {"x": x})
+    assert info.value.plan_index == victim.index
+    assert session.executor.capture_runner.quarantined == set(), "a kernel bug is not a host read"
+    events = session.recording.capture_events()
+    assert events[events.event == "retire"].reason.str.startswith("kernel_error").any()
+    _run_fixed(session, _ort(model))  # and the session keeps working afterwards
+
+
+def test_a_capture_api_failure_retires_with_its_own_reason_and_the_step_completes(monkeypatch):
+    model = _fixed_model()
+    session = workbench.InferenceSession(model, _options(min_segment_nodes=1))
+    backend = session.backend
+    original = backend.end_capture
+    failures = []
+
+    def refuses_once(graph):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+        return original(graph)
+
+    monkeypatch.setattr(backend, "end_capture", refuses_once)
+    _run_fixed(session, _ort(model))
+    events = session.recording.capture_events()
+    retire = events[events.event == "retire"].reason
+    assert retire.str.startswith("capture_api_error: RuntimeError: cudaErrorStreamCaptureInvalidated").any()
+    assert session.executor.capture_runner.quarantined == set()
+    assert (events.event == "replay").any(), "captured again on a later step, and replayed"
