@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.executor.memory_planner import (
+from workbench.trace.memory_planner import (
     HEURISTICS,
     Interval,
     MemoryPlan,

@@ -96,7 +96,7 @@ def _check_no_breakout(page: str, n_figures_at_least: int) -> _Scripts:
 
 
 def test_html_report_escapes_every_model_name(evil_recording, tmp_path):
-    path = evil_recording.to_html(tmp_path / "report.html")
+    path = reports.to_html(evil_recording, tmp_path / "report.html")
     page = path.read_text(encoding="utf-8")
     parser = _check_no_breakout(page, n_figures_at_least=4)
     # the names are there, readable, in escaped form: in the tables as HTML entities...
@@ -142,7 +142,7 @@ def test_report_says_what_was_not_recorded(tmp_path):
 
 def test_export_writes_csv_and_parquet_for_every_frame(tmp_path):
     rec = build_recording()
-    index = rec.export(tmp_path / "out")
+    index = reports.export(rec, tmp_path / "out")
     expected = {"steps", "nodes", "values", "views", "liveness", "buffer_events", "node_timings", "aliases",
                 "materializations", "memo_timeline", "segments", "capture_declines", "capture_events", "tokens",
                 "memory_summary", "summary"}
@@ -207,7 +207,7 @@ def test_report_of_a_saved_recording_matches_the_live_one(decoded, tmp_path):
     a = reports.summary(Frames(rec)).drop(columns="value")
     b = reports.summary(Frames(loaded)).drop(columns="value")
     pd.testing.assert_frame_equal(a, b)
-    page = loaded.to_html(tmp_path / "loaded.html").read_text(encoding="utf-8")
+    page = reports.to_html(loaded, tmp_path / "loaded.html").read_text(encoding="utf-8")
     assert page.count('class="fig"') >= 5
 
 

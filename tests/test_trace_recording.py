@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.executor.memory_planner import validate_plan
+from workbench.trace.memory_planner import validate_plan
 from workbench.trace import (
     BufferEvent,
     InPlaceAlias,

@@ -17,11 +17,11 @@ import numpy as np
 from ..errors import KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
-from ..session.options import SessionOptions
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
 from .memo import DecodePlanMemo, MemoStats, ViewPlan
 from .memo_steps import DecodeMemoSteps
+from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..executor.memory_planner import MemoryPlan
     from ..trace import Recording
+    from ..trace.memory_planner import MemoryPlan
 
 __all__ = ["FRAME_NAMES", "NOT_RECORDED", "OPTIONAL_TABLES", "Frames", "as_frames"]
 

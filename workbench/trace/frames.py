@@ -233,14 +233,14 @@ def memory_summary_frame(rec: Recording, alignment: int = 64,
 
     Columns: step; one_buffer_per_value_bytes (sum of the bytes of the step's "owner"
     liveness rows; views, aliases, inputs and initializers count 0);
-    planner_peak_bytes and lower_bound_bytes (`executor.memory_planner` run on the
+    planner_peak_bytes and lower_bound_bytes (`trace.memory_planner` run on the
     step's owner intervals, each extended to the last use of the views and aliases
     living in its buffer; offsets aligned to `alignment`); resident_peak_bytes (as
     given to `end_step`). The first three are <NA> for a step without liveness rows.
     Steps with identical intervals share one planner run.
     """
-    from ..executor.memory_planner import plan_offsets
     from .memory import one_buffer_per_value_bytes, rows_by_step, step_intervals
+    from .memory_planner import plan_offsets
 
     s = rec._t["steps"]
     by_step = rows_by_step(rec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..executor.memory_planner import Interval
+from .memory_planner import Interval
 
 if TYPE_CHECKING:  # pragma: no cover
     from .recording import Recording

@@ -28,8 +28,8 @@ from ..errors import WorkbenchError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..executor.memory_planner import MemoryPlan
     from .events import Event
+    from .memory_planner import MemoryPlan
 
 __all__ = ["Recording", "TraceError"]
 
@@ -440,8 +440,8 @@ class Recording:
 
     def memory_plan(self, step: int, alignment: int = 64, heuristics: list[str] | None = None) -> MemoryPlan:
         """The activation-memory planner's layout for one step (offsets keyed by value id)."""
-        from ..executor.memory_planner import plan_offsets
         from .memory import step_intervals
+        from .memory_planner import plan_offsets
         return plan_offsets(step_intervals(self, step), alignment, heuristics)
 
     def table(self, name: str) -> pd.DataFrame:
@@ -511,23 +511,6 @@ class Recording:
         """One row per shadowed step: `step, slot, checked, divergences, mechanisms`
         (which mechanisms served that step)."""
         return self._named_table("shadow", ["step", "slot", "checked", "divergences", "mechanisms"])
-
-    # ------------------------------------------------------------------ reports
-    # Thin delegates to `workbench.reports`, imported inside each call on purpose: the
-    # trace layer is imported by `import workbench` and must not pull in the front end
-    # (plotly) -- nor import a layer above it -- at module import time.
-
-    def to_html(self, path: str, step: int | None = None, title: str = "Workbench recording"):
-        """One self-contained HTML report (plotly figures and tables; opens without a
-        kernel; model-derived names escaped); see `workbench.reports.to_html`."""
-        from ..reports import to_html
-        return to_html(self, path, step=step, title=title)
-
-    def export(self, dir: str) -> pd.DataFrame:
-        """Every frame as `<name>.csv` and `<name>.parquet` in `dir`; returns the index of
-        files written; see `workbench.reports.export`."""
-        from ..reports import export
-        return export(self, dir)
 
     # ------------------------------------------------------------------ persistence
 
