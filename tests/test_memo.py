@@ -93,7 +93,7 @@ def test_symbol_wrongly_believed_invariant_forces_a_rebuild():
     def forgetful_build(prev, bindings, signature):
         original(prev, bindings, signature)
         # pretend the KV length never varies: the guard must catch its next change
-        executor.memo.varying = frozenset({"total_sequence_length"})
+        executor.state.memo.varying = frozenset({"total_sequence_length"})
 
     executor._build_memo = forgetful_build
     got = gen.generate(PROMPT, 12, progress=False, eos_token_id=-1)
@@ -114,10 +114,10 @@ def test_moved_stage2_source_forces_a_rebuild_and_latches_after_two():
     def run_and_move(*args, **kwargs):
         env = original_run(*args, **kwargs)
         steps.append(executor.memo_state())
-        plan = executor._view_plan
+        plan = executor.state.view_plan
         if plan is not None and plan.validated and len(steps) >= 5:
             for owner in plan.sources:  # the buffer moves: same shape, new address
-                executor._buffers[owner] = executor._buffers[owner].copy()
+                executor.state.buffers[owner] = executor.state.buffers[owner].copy()
         return env
 
     executor.run = run_and_move
@@ -139,8 +139,8 @@ def test_verify_mode_catches_an_injected_wrong_replay():
 
     def corrupting_build(prev, bindings, signature):
         original(prev, bindings, signature)
-        vid = next(v for v, shape in executor.memo.invariant.items() if shape and len(shape) == 3)
-        executor.memo.invariant[vid] = executor._shapes[vid] = (9, 9, 9)  # a wrong replayed shape
+        vid = next(v for v, shape in executor.state.memo.invariant.items() if shape and len(shape) == 3)
+        executor.state.memo.invariant[vid] = executor.state.shapes[vid] = (9, 9, 9)  # a wrong replayed shape
 
     executor._build_memo = corrupting_build
     with pytest.raises(MemoVerifyError, match="replayed shape \\(9, 9, 9\\)"):

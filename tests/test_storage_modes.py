@@ -116,7 +116,7 @@ def test_view_source_is_never_overwritten_or_released_early(mode):
         r_out, y = session.run(None, {"x": x})
         np.testing.assert_array_equal(r_out, (x * x).reshape(3, 2))
         np.testing.assert_array_equal(y, x * x + 1)
-    sp = session.executor.storage
+    sp = session.executor.state.storage
     sq = session.graph.by_name["sq"]
     if options.views:
         assert sq in sp.pinned_from, "the view must pin its source"
@@ -126,14 +126,14 @@ def test_view_source_is_never_overwritten_or_released_early(mode):
 def test_in_place_happens_when_safe():
     session = workbench.InferenceSession(_view_then_overwrite_model())
     session.run(None, {"x": np.ones((2, 3), np.float32)})
-    sp = session.executor.storage
+    sp = session.executor.state.storage
     r_neg = session.graph.by_name["r_neg"]
     # Neg(r) cannot overwrite the view r, but Neg(r_neg) -> r_out is an output: no alias either
     assert sp.storage[r_neg] == "owner"
     chain = _chain_model()
     s2 = workbench.InferenceSession(chain)
     s2.run(None, {"x": np.ones(4, np.float32)})
-    kinds = {s2.graph.values[v].name: k for v, k in s2.executor.storage.storage.items()}
+    kinds = {s2.graph.values[v].name: k for v, k in s2.executor.state.storage.storage.items()}
     assert kinds["b"] == "alias" and kinds["c"] == "alias"  # a = Exp(x); b = Neg(a); c = Tanh(b)
     np.testing.assert_allclose(s2.run(None, {"x": np.ones(4, np.float32)})[0],
                                np.sin(np.tanh(-np.exp(np.ones(4, np.float32)))), rtol=1e-6)

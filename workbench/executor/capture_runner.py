@@ -62,8 +62,8 @@ class CaptureRunner:
         minus KV axes pinned to a fixed capacity (past bound as its own present)."""
         ex = self.ex
         symbols = set(self.build_growing)
-        if ex.memo is not None:
-            symbols |= set(ex.memo.varying)
+        if ex.state.memo is not None:
+            symbols |= set(ex.state.memo.varying)
         return symbols - self.pinned_symbols(bound)
 
     def pinned_symbols(self, bound: dict[int, Any]) -> set[str]:
@@ -86,7 +86,7 @@ class CaptureRunner:
         values = ex.graph.values
         bound_ids = set(bound)
         declines: dict[int, CaptureDecline] = {}
-        for d in ex._dispatch:
+        for d in ex.state.dispatch:
             p = d.p
             preallocated = [o is not None for o in d.outs]
             decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values)
@@ -147,7 +147,7 @@ class CaptureRunner:
                 if not backend.capture_executes_work:
                     backend.launch(graph)
                 outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
-                buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex._dispatch[k].outs)
+                buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
                            if o is not None]
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs,
                                                       time.perf_counter() - t0, buffers)
@@ -223,10 +223,10 @@ class CaptureRunner:
         if now != captured.signature:
             return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
         for k, j, arr in captured.buffers:
-            if ex._dispatch[k].outs[j] is not arr:
+            if ex.state.dispatch[k].outs[j] is not arr:
                 vid = ex.plan.nodes[k].outputs[j]
                 name = ex.graph.values[vid].name
-                if vid in ex._bound_slots:
+                if vid in ex.state.bound_slots:
                     return "binding_changed", f"{name} address (caller-bound output)"
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None

@@ -19,12 +19,13 @@ from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
-from .memo import DecodePlanMemo, MemoStats, ViewPlan
+from .memo import MemoStats
 from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve
+from .slot_state import SlotState
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
 from .views import address, is_view_of
 
@@ -68,77 +69,44 @@ class Executor(DecodeMemoSteps):
             self._env[vid] = backend.from_host(arr)
         self._input_symbols = input_symbols(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
-        self._buffers: dict[int, Any] = {}  # owner value id -> buffer, reused while shape holds
-        self._resident = 0  # bytes held in self._buffers
+        self._resident = 0  # bytes held in every slot's buffers
         self._peak = 0
-        self._signature: Any = object()
-        self._replan: dict[str, str] = {}  # slot -> why its prepared plan must not be reused
-        self._dispatch: list[_Dispatch] = []
-        self._shapes: dict[int, tuple | None] = {}  # the persistent working shape map
-        self._slots: list[tuple[int, int, int, int]] = []
-        self._variant_slots: list[tuple[int, int, int, int]] = []
-        self._bound_slots: dict[int, tuple[int, int]] = {}
-        # decode-plan memo (Stage 1) and cached view plan (Stage 2)
-        self.memo: DecodePlanMemo | None = None
+        #: per slot ("primary", "verify"): everything prepared for it; `state` is current
+        self.slots: dict[str, SlotState] = {"primary": SlotState("primary")}
+        self.state = self.slots["primary"]
         self.memo_stats = MemoStats()
-        self._prev_bindings: dict[str, int] | None = None
-        self._prev_signature: tuple | None = None
-        self._view_plan: ViewPlan | None = None
-        self._stage2_streak = 0
-        self._stage2_latched = False
-        self._observed: dict[int, tuple] = {}
-        self._signature_cache: dict[tuple, tuple] = {}
-        self.storage: StoragePlan | None = None
         #: plan indices whose preallocated outputs had to be dropped (shape inference disagreed)
         self.jit_forced: set[int] = set()
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
-        self._owners: dict[int, int] = {}
-        self.capture = SlotCapture()
-        self._slot = "primary"
-        self._parked: dict[str, dict[str, Any]] = {}  # prepared state of the other slots
         self.capture_runner = CaptureRunner(self)
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
+        # per-run scratch (reset at the start of every run)
+        self._owners: dict[int, int] = {}
+        self._observed: dict[int, tuple] = {}
         self._liveness_for: StoragePlan | None = None
         self._liveness_static: list = []
 
-    # Everything prepared for one binding regime belongs to a slot: the one-token
-    # decode (primary) and the k+1-token speculative verify alternate, and each must
-    # keep its own memo, buffers (stable addresses) and captured graphs.
-    _SLOT_FIELDS = ("memo", "_shapes", "storage", "_dispatch", "_slots", "_variant_slots",
-                    "_bound_slots", "_buffers", "_signature", "_prev_bindings", "_prev_signature",
-                    "_view_plan", "_stage2_streak", "_stage2_latched", "_signature_cache", "capture")
-
     def _enter_slot(self, slot: str) -> None:
-        if slot == self._slot:
-            return
-        self._parked[self._slot] = {f: getattr(self, f) for f in self._SLOT_FIELDS}
-        state = self._parked.pop(slot, None)
-        if state is None:
-            state = {"memo": None, "_shapes": {}, "storage": None, "_dispatch": [], "_slots": [],
-                     "_variant_slots": [], "_bound_slots": {}, "_buffers": {}, "_signature": object(),
-                     "_prev_bindings": None, "_prev_signature": None, "_view_plan": None,
-                     "_stage2_streak": 0, "_stage2_latched": False, "_signature_cache": {},
-                     "capture": SlotCapture()}
-        for f, v in state.items():
-            setattr(self, f, v)
-        self._slot = slot
+        if slot != self.state.name:
+            self.state = self.slots.setdefault(slot, SlotState(slot))
 
     def slot_capture(self, slot: str) -> SlotCapture:
-        return self.capture if slot == self._slot else self._parked.get(slot, {}).get("capture", SlotCapture())
+        state = self.slots.get(slot)
+        return state.capture if state is not None else SlotCapture()
 
     # -- buffers --------------------------------------------------------------------
 
     def _buffer(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, plan_index: int = -1) -> Any:
-        buf = self._buffers.get(vid)
+        buf = self.state.buffers.get(vid)
         if buf is not None and buf.shape == shape and buf.dtype == dtype:
             if self.recording is not None:
                 self.recording.buffer("reuse", vid, buf.nbytes, plan_index)
             return buf
         if buf is not None:
             self._resident -= buf.nbytes
-        buf = self._buffers[vid] = self.backend.allocate(shape, dtype)
+        buf = self.state.buffers[vid] = self.backend.allocate(shape, dtype)
         self._resident += buf.nbytes
         self._peak = max(self._peak, self._resident)
         if self.recording is not None:
@@ -146,12 +114,12 @@ class Executor(DecodeMemoSteps):
         return buf
 
     def _release(self, owner: int, plan_index: int, env: list, released: dict[int, int]) -> None:
-        buf = self._buffers.pop(owner, None)
+        buf = self.state.buffers.pop(owner, None)
         if buf is not None:
             self._resident -= buf.nbytes
             if self.recording is not None:
                 self.recording.buffer("release", owner, buf.nbytes, plan_index)
-        for vid in self.storage.sharers.get(owner, ()):
+        for vid in self.state.storage.sharers.get(owner, ()):
             env[vid] = None
         released[owner] = plan_index
 
@@ -161,19 +129,19 @@ class Executor(DecodeMemoSteps):
         """Resolve every shape, lay out storage and preallocate outputs."""
         values = self.graph.values
         opts = self.options
-        self._shapes = shapes = {v.id: resolve(v.shape, bindings) for v in values
+        self.state.shapes = shapes = {v.id: resolve(v.shape, bindings) for v in values
                                  if v.dtype is not None and not self.jit_only}
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
         release = opts.release_dead_values and not self.jit_only
-        self.storage = sp = plan_storage(
+        self.state.storage = sp = plan_storage(
             self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.jit_only,
             release=release, shapes=shapes,
             protected=set(self.graph.outputs) | set(bound) | self._skippable_outputs,
         )
-        self._dispatch = []
-        self._slots: list[tuple[int, int, int, int]] = []  # (node, slot, value, owner) preallocated
-        self._bound_slots: dict[int, tuple[int, int]] = {}
+        self.state.dispatch = []
+        self.state.preallocated = []
+        self.state.bound_slots = {}
         for p in self.plan.nodes:
             outs: list = []
             lazy, dynamic = [], []
@@ -184,7 +152,7 @@ class Executor(DecodeMemoSteps):
                     continue
                 if vid in bound:
                     outs[j] = bound[vid]
-                    self._bound_slots[vid] = (p.index, j)
+                    self.state.bound_slots[vid] = (p.index, j)
                     continue
                 v = values[vid]
                 if (self.jit_only or v.dtype is None or v.shape is None or view
@@ -198,8 +166,8 @@ class Executor(DecodeMemoSteps):
                     lazy.append((j, owner, vid, v.dtype))
                 else:
                     outs[j] = self._buffer(owner, shapes[vid], v.dtype, p.index)
-                    self._slots.append((p.index, j, vid, owner))
-            self._dispatch.append(_Dispatch(
+                    self.state.preallocated.append((p.index, j, vid, owner))
+            self.state.dispatch.append(_Dispatch(
                 p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
                 release=tuple(sp.release_after.get(p.index, ())),
                 contiguous=p.spec.contiguous_inputs,
@@ -225,9 +193,9 @@ class Executor(DecodeMemoSteps):
             bindings: dict[str, int] = {}
             if self.options.decode_memo:
                 self.memo_stats.ineligible += 1  # a nested control-flow body
-            if self._signature is not None:
+            if self.state.signature is not None:
                 self._full_prepare(bindings, bound)
-                self._signature = None
+                self.state.signature = None
         else:
             self._enter_slot(slot)
             bindings = bind_symbols(self.graph, feeds)
@@ -240,13 +208,13 @@ class Executor(DecodeMemoSteps):
         resolve_s = time.perf_counter() - t_start
         released: dict[int, int] = {}
         pinned: set[int] = set()
-        self._owners = dict(self.storage.owner)  # views that had to copy become owners
+        self._owners = dict(self.state.storage.owner)  # views that had to copy become owners
         self._owner_address: dict[int, int] = {}
         self._observed = observed = {}
         self._view_plan_stale = False
-        plan = self._view_plan
+        plan = self.state.view_plan
         elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
-        dispatch = self._dispatch
+        dispatch = self.state.dispatch
         reinstated: list[int] = []
 
         def run_nodes(indices, graph=None):
@@ -262,7 +230,7 @@ class Executor(DecodeMemoSteps):
             return env
         snapshot = self._shadow_snapshot(feeds, bound, action)
         self._skipped_ifs = []
-        self.capture_runner.run_step(self.capture, self._steady, bound, run_nodes, rec, slot)
+        self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot)
         if bound:
             self._fill_bound(env, bound)
         if action == "replayed" and self.options.decode_memo_verify:
@@ -296,7 +264,7 @@ class Executor(DecodeMemoSteps):
         shadow = self.shadow
         if not shadow.on:
             return None
-        may_serve = action == "replayed" or (self._steady and self.capture.installed) \
+        may_serve = action == "replayed" or (self._steady and self.state.capture.installed) \
             or bool(self._skippable_outputs)
         if not may_serve or not shadow.due():
             return None
@@ -352,12 +320,12 @@ class Executor(DecodeMemoSteps):
         if d.lazy or d.dynamic:
             outs = list(outs)
             for j, owner, vid, dtype in d.lazy:
-                outs[j] = self._buffer(owner, self._shapes[vid], dtype, p.index)
+                outs[j] = self._buffer(owner, self.state.shapes[vid], dtype, p.index)
             for j, vid in d.dynamic:
                 v = self.graph.values[vid]
                 shape = resolve(v.shape, bindings)
                 if shape is not None:
-                    outs[j] = self._buffer(self.storage.owner.get(vid, vid), shape, v.dtype, p.index)
+                    outs[j] = self._buffer(self.state.storage.owner.get(vid, vid), shape, v.dtype, p.index)
         for pos in d.contiguous:
             x = ins[pos]
             if x is not None and not x.flags.c_contiguous:
@@ -404,8 +372,8 @@ class Executor(DecodeMemoSteps):
             for j, arr in materialized:
                 slots[j] = arr
             self.backend.record(graph, p.fn, ins, slots)
-        if rec is not None and p.index in self.storage.in_place:
-            slot, pos = self.storage.in_place[p.index]
+        if rec is not None and p.index in self.state.storage.in_place:
+            slot, pos = self.state.storage.in_place[p.index]
             rec.alias(p.outputs[slot], p.inputs[pos], p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
@@ -422,9 +390,9 @@ class Executor(DecodeMemoSteps):
 
     def _request_replan(self, why: str) -> None:
         """Every slot's next run prepares from scratch (checked before any memo replay)."""
-        self._signature = object()
-        for slot in (self._slot, *self._parked):
-            self._replan.setdefault(slot, why)
+        for state in self.slots.values():
+            state.signature = object()
+            state.replan = state.replan or why
 
     def _if_unchanged(self, p: PlanNode, predicate: Any, env: list) -> bool:
         """An If whose predicate is as last step and whose outputs are still resident
@@ -462,14 +430,14 @@ class Executor(DecodeMemoSteps):
         return r
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
-        sp = self.storage
+        sp = self.state.storage
         if self._liveness_for is not sp:  # the static part of every row, once per storage plan
             self._liveness_for = sp
             self._liveness_static = [
                 (vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1),
                  kind is OWNER or kind is INPUT or kind is INITIALIZER)
                 for vid, kind in sp.storage.items()]
-        owners, buffers = self._owners, self._buffers
+        owners, buffers = self._owners, self.state.buffers
         rows = []
         append = rows.append
         for vid, kind, first, last, owns in self._liveness_static:

@@ -1,8 +1,8 @@
 """How a step is prepared under the decode-plan memo (Stage 1) and served by the
 cached view plan (Stage 2); the decisions themselves are in `memo.py`.
 
-A mixin of `Executor`: it reads and writes the executor's per-slot prepared state
-(`_shapes`, `_dispatch`, `_buffers`, `memo`, `_view_plan`, ...).
+A mixin of `Executor`: it reads and writes the current slot's prepared state
+(`self.state`, a `SlotState`: shapes, dispatch, buffers, memo, view plan, ...).
 """
 
 from __future__ import annotations
@@ -34,22 +34,22 @@ class DecodeMemoSteps:
 
     def _replay_prepare(self, memo: DecodePlanMemo, bindings: dict[str, int], bound: dict[int, Any]) -> None:
         """Stage 1 replay: keep the invariant partition, re-substitute only the variant tail."""
-        values, shapes = self.graph.values, self._shapes
+        values, shapes = self.graph.values, self.state.shapes
         for vid in memo.variant:
             shapes[vid] = resolve(values[vid].shape, bindings)
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
-            k, j = self._bound_slots[vid]
-            self._dispatch[k].outs[j] = arr
-        for k, j, vid, owner in self._variant_slots:
-            self._dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
+            k, j = self.state.bound_slots[vid]
+            self.state.dispatch[k].outs[j] = arr
+        for k, j, vid, owner in self.state.variant_preallocated:
+            self.state.dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
     def _verify_shapes_against_kernels(self, env: list) -> None:
         """Verify mode: every shape the replay served must be the shape the kernels
         actually produced this step (an independent witness, unlike a second resolve)."""
         values = self.graph.values
         for p in self.plan.nodes:
             for vid in p.outputs:
-                served = self._shapes.get(vid) if vid >= 0 else None
+                served = self.state.shapes.get(vid) if vid >= 0 else None
                 got = getattr(env[vid], "shape", None) if served is not None else None
                 if got is not None and tuple(got) != served:
                     raise MemoVerifyError(
@@ -61,9 +61,9 @@ class DecodeMemoSteps:
         """Caller-bound I/O, length-abstracted: value, role, dtype, declared symbolic shape."""
         key = (tuple((v, getattr(a, "dtype", None)) for v, a in feeds.items()),
                tuple((v, a.dtype) for v, a in bound.items()))
-        cached = self._signature_cache.get(key)
+        cached = self.state.signature_cache.get(key)
         if cached is None:
-            cached = self._signature_cache[key] = self._describe_bindings(feeds, bound)
+            cached = self.state.signature_cache[key] = self._describe_bindings(feeds, bound)
         return cached
 
     def _describe_bindings(self, feeds: dict[int, Any], bound: dict[int, Any]) -> tuple:
@@ -76,50 +76,50 @@ class DecodeMemoSteps:
                    bound: dict[int, Any]) -> tuple[str, str]:
         """Prepare this step; returns the memo action and its reason."""
         exact = (tuple(bindings.items()), bound_signature(bound))
-        replan = self._replan.pop(self._slot, None)
+        replan, self.state.replan = self.state.replan, None
         if replan is not None:
             # the last run found the prepared plan wrong (a kernel needed just-in-time
             # allocation, or an inferred symbol proved inconsistent): nothing prepared,
             # memoised or cached is trusted; start observing afresh
-            self.memo, self._view_plan = None, None
-            self._prev_bindings, self._prev_signature = dict(bindings), self._memo_signature(feeds, bound)
+            self.state.memo, self.state.view_plan = None, None
+            self.state.prev_bindings, self.state.prev_signature = dict(bindings), self._memo_signature(feeds, bound)
             self._steady = False
             self._full_prepare(bindings, bound)
-            self._signature = exact
+            self.state.signature = exact
             return ("disabled", "decode memo off") if not self.options.decode_memo else (
                 "primed", f"re-plan requested: {replan}")
-        self._steady = exact == self._signature
+        self._steady = exact == self.state.signature
         if not self.options.decode_memo:
-            if exact != self._signature:
+            if exact != self.state.signature:
                 self._full_prepare(bindings, bound)
-                self._signature = exact
-            self._view_plan = None
+                self.state.signature = exact
+            self.state.view_plan = None
             return "disabled", "decode memo off"
         signature = self._memo_signature(feeds, bound)
-        memo = self.memo
+        memo = self.state.memo
         why = memo.mismatch(bindings, signature) if memo is not None else None
         if memo is not None and why is None:
             stage2 = self._stage2_guard()
             if stage2 is None:
                 self._replay_prepare(memo, bindings, bound)
-                self._signature = exact
-                self._prev_bindings, self._prev_signature = dict(bindings), signature
+                self.state.signature = exact
+                self.state.prev_bindings, self.state.prev_signature = dict(bindings), signature
                 self._steady = True
                 return "replayed", "bindings match the memo"
             why = stage2
-        prev, prev_sig = self._prev_bindings, self._prev_signature
-        self._prev_bindings, self._prev_signature = dict(bindings), signature
-        self._view_plan = None  # invalidated on every non-replay step
+        prev, prev_sig = self.state.prev_bindings, self.state.prev_signature
+        self.state.prev_bindings, self.state.prev_signature = dict(bindings), signature
+        self.state.view_plan = None  # invalidated on every non-replay step
         # the same bindings and buffers as the last step, with no memo to disagree:
         # the prepared plan holds as it is (steady, e.g. a repeated fixed-shape run)
-        self._steady = exact == self._signature and memo is None
+        self._steady = exact == self.state.signature and memo is None
         if not self._steady:
             self._full_prepare(bindings, bound)
-            self._signature = exact
+            self.state.signature = exact
         if prev is not None and prev_sig == signature and growth_transition(prev, bindings):
             self._build_memo(prev, bindings, signature)
             return "rebuilt", why or "growth transition"
-        self.memo = None
+        self.state.memo = None
         if prev is None:
             return "primed", "first observation"
         if prev_sig != signature:
@@ -129,57 +129,57 @@ class DecodeMemoSteps:
     def _build_memo(self, prev: dict[str, int], bindings: dict[str, int], signature: tuple) -> None:
         varying = frozenset(s for s, v in bindings.items() if prev[s] != v)
         invariant, variant = {}, []
-        for vid, shape in self._shapes.items():
+        for vid, shape in self.state.shapes.items():
             if shape_mentions(self.graph.values[vid].shape, varying):
                 variant.append(vid)
             else:
                 invariant[vid] = shape
-        self.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
+        self.state.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
         variant_set = set(variant)
-        self._variant_slots = [s for s in self._slots if s[2] in variant_set or s[3] in variant_set]
+        self.state.variant_preallocated = [s for s in self.state.preallocated if s[2] in variant_set or s[3] in variant_set]
 
     # -- Stage 2: the cached view plan ---------------------------------------------------
 
     def _stage2_guard(self) -> str | None:
         """None when the validated view plan's source buffers are where they were."""
-        plan = self._view_plan
+        plan = self.state.view_plan
         if plan is None or not plan.validated:
             return None
         for owner, (addr, cap) in plan.sources.items():
-            buf = self._buffers.get(owner, self._env[owner] if owner in self.graph.initializers else None)
+            buf = self.state.buffers.get(owner, self._env[owner] if owner in self.graph.initializers else None)
             if buf is None or address(buf) != addr or buf.nbytes != cap:
-                self._stage2_streak += 1
+                self.state.stage2_streak += 1
                 self.memo_stats.stage2_mismatches += 1
-                if self._stage2_streak >= STAGE2_MISMATCH_LIMIT:
-                    self._stage2_latched = self.memo_stats.stage2_latched = True
+                if self.state.stage2_streak >= STAGE2_MISMATCH_LIMIT:
+                    self.state.stage2_latched = self.memo_stats.stage2_latched = True
                 name = self.graph.values[owner].name
                 return f"view plan source {name!r} moved or resized"
-        self._stage2_streak = 0
+        self.state.stage2_streak = 0
         return None
 
     def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
         """Build candidates after a rebuild; validate them on the next replay."""
-        if self._stage2_latched or not (self.options.views and self.options.view_plan):
-            self._view_plan = None
+        if self.state.stage2_latched or not (self.options.views and self.options.view_plan):
+            self.state.view_plan = None
             return
         if action == "rebuilt":
-            self._view_plan = self._candidate_view_plan(observed)
-        elif action == "replayed" and self._view_plan is not None and self._view_plan_stale:
-            self._view_plan = None  # a runtime view parameter changed: re-derive from scratch
-            self._stage2_streak += 1
+            self.state.view_plan = self._candidate_view_plan(observed)
+        elif action == "replayed" and self.state.view_plan is not None and self._view_plan_stale:
+            self.state.view_plan = None  # a runtime view parameter changed: re-derive from scratch
+            self.state.stage2_streak += 1
             self.memo_stats.stage2_mismatches += 1
-        elif action == "replayed" and self._view_plan is not None and not self._view_plan.validated:
-            plan = self._view_plan
+        elif action == "replayed" and self.state.view_plan is not None and not self.state.view_plan.validated:
+            plan = self.state.view_plan
             same = all(vid in observed and observed[vid][1:] == geo[1:] for vid, geo in plan.views.items())
             same = same and all(self._param_keys(k) == keys for k, keys in plan.params.items())
             if same:
                 plan.views = {vid: observed[vid] for vid in plan.views}
                 plan.validated = True
             else:
-                self._view_plan = None
+                self.state.view_plan = None
 
     def _candidate_view_plan(self, observed: dict[int, tuple]) -> ViewPlan | None:
-        memo = self.memo
+        memo = self.state.memo
         initializers = self.graph.initializers
         nodes, views, sources, params = set(), {}, {}, {}
         for p in self.plan.nodes:
@@ -191,14 +191,14 @@ class DecodeMemoSteps:
             if p.inputs[0] not in memo.invariant and p.inputs[0] not in initializers:
                 continue  # the source's shape moves: the view's offsets would too
             owners = {observed[v][1] for v in outs}
-            if not all((o in self._buffers and o in memo.invariant) or o in initializers for o in owners):
+            if not all((o in self.state.buffers and o in memo.invariant) or o in initializers for o in owners):
                 continue  # views of caller feeds, just-in-time or re-sized arrays: not stable storage
             params[p.index] = self._param_keys(p.index)
             nodes.add(p.index)
             for v in outs:
                 views[v] = observed[v]
             for o in owners:
-                buf = self._buffers.get(o, self._env[o])
+                buf = self.state.buffers.get(o, self._env[o])
                 sources[o] = (address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
@@ -223,9 +223,9 @@ class DecodeMemoSteps:
         return tuple(keys)
 
     def memo_state(self) -> str:
-        if self._stage2_latched:
+        if self.state.stage2_latched:
             return "latched"
-        return self._view_plan.state if self._view_plan is not None else "none"
+        return self.state.view_plan.state if self.state.view_plan is not None else "none"
 
     def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
@@ -257,7 +257,7 @@ class DecodeMemoSteps:
 
     def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
                        resolve_s: float, elided: int, views_reused: int) -> None:
-        memo = self.memo
+        memo = self.state.memo
         rec.add_row(
             "memo", slot=slot, phase=phase, action=action, reason=reason,
             varying=sorted(memo.varying) if memo is not None else [],
@@ -265,5 +265,5 @@ class DecodeMemoSteps:
             variant_values=len(memo.variant) if memo is not None else 0,
             resolve_ms=resolve_s * 1e3, stage2=self.memo_state(),
             views_reused=views_reused,
-            dispatch_elided=elided, mismatch_streak=self._stage2_streak,
+            dispatch_elided=elided, mismatch_streak=self.state.stage2_streak,
         )

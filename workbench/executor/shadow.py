@@ -72,7 +72,7 @@ class Shadow:
         """Every intact node output of the served step against the reference's."""
         self.checked += 1
         values = executor.graph.values
-        intact = intact_values(executor.plan, executor.storage)
+        intact = intact_values(executor.plan, executor.state.storage)
         found = []
         for p in executor.plan.nodes:
             for vid in p.outputs:
