@@ -1,4 +1,17 @@
-"""Plan, shapes and symbols, buffers, dispatch."""
+"""Plan, shapes and symbols, buffers, dispatch — and the mechanisms around them.
+
+One decode step, in the order a newcomer can read it:
+
+1. `executor.py` `Executor.run`: enter the slot's `SlotState` (`slot_state.py`), bind
+   symbols (`shapes.py`), prepare the step, run the nodes, shadow-check, record.
+2. `memo_steps.py` `_plan_step`: full preparation or a decode-plan memo replay; the
+   decisions themselves are pure functions in `memo.py`, the storage layout in
+   `storage.py`.
+3. `capture_runner.py` `run_step`: eager, capture or replay per captured segment; the
+   segmentation and every decline reason are pure functions in `capture.py`.
+4. `executor.py` `_dispatch_node`: one kernel call (`ops/`), views and in-place writes.
+5. `shadow.py`: on a step a mechanism served, the eager re-execution and comparison.
+"""
 
 from .executor import Executor
 from .plan import KernelCache, Plan, PlanNode, build_plan
