@@ -46,7 +46,7 @@ def test_layout_ops_copy_nothing_but_the_listed_materialisations(flavor):
                 assert len(listed) == 1, f"{out} was copied without being recorded"
                 assert listed.bytes.iloc[0] == row.bytes > 0
     # and the arrays themselves agree: a view value shares memory with its source
-    env = session.executor._env
+    env = session.executor.env
     for _, v in views.iterrows():
         assert np.shares_memory(env[v.value_id], env[v.source_id])
 

@@ -74,7 +74,7 @@ class CaptureRunner:
         pinned = set()
         for vid in ex.graph.inputs:
             v = ex.graph.values[vid]
-            arr = ex._env[vid]
+            arr = ex.env[vid]
             if v.shape and len(v.shape) == 4 and isinstance(v.shape[2], str) and arr is not None \
                     and _address(arr) in bound_addresses:
                 pinned.add(v.shape[2])
@@ -128,7 +128,7 @@ class CaptureRunner:
     def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
         ex = self.ex
         backend = ex.backend
-        env = ex._env
+        env = ex.env
         backend_graph = None
         try:
             for seg in cap.segments:
@@ -179,7 +179,7 @@ class CaptureRunner:
 
     def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
         ex = self.ex
-        env = ex._env
+        env = ex.env
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
@@ -219,7 +219,7 @@ class CaptureRunner:
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex
         inputs = [entry[0] for entry in captured.signature]
-        now = binding_signature(ex._env, inputs)
+        now = binding_signature(ex.env, inputs)
         if now != captured.signature:
             return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
         for k, j, arr in captured.buffers:

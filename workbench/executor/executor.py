@@ -64,9 +64,9 @@ class Executor(DecodeMemoSteps):
         self.skip_unchanged_if = True
         self.shadow = Shadow(self.options.shadow if not jit_only else "off", self.options.shadow_fraction)
         self._skipped_ifs: list[int] = []
-        self._env: list[Any] = [None] * len(graph.values)
+        self.env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
-            self._env[vid] = backend.from_host(arr)
+            self.env[vid] = backend.from_host(arr)
         self._input_symbols = input_symbols(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
         self._resident = 0  # bytes held in every slot's buffers
@@ -182,7 +182,7 @@ class Executor(DecodeMemoSteps):
         `bound_outputs` (value id -> array) are written in place: the caller's arrays
         become those values' buffers for this run.
         """
-        env = self._env
+        env = self.env
         for vid, arr in feeds.items():
             env[vid] = arr
         bound = bound_outputs or {}
@@ -416,7 +416,7 @@ class Executor(DecodeMemoSteps):
                     rec.buffer("pin", owner, 0, p.index)
             base = self._owner_address.get(owner)
             if base is None:
-                base = self._owner_address[owner] = address(self._env[owner])
+                base = self._owner_address[owner] = address(self.env[owner])
             itemsize = r.itemsize or 1
             geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
             self._observed[vid] = (r, owner, *geometry)

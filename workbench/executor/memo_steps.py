@@ -146,7 +146,7 @@ class DecodeMemoSteps:
         if plan is None or not plan.validated:
             return None
         for owner, (addr, cap) in plan.sources.items():
-            buf = self.state.buffers.get(owner, self._env[owner] if owner in self.graph.initializers else None)
+            buf = self.state.buffers.get(owner, self.env[owner] if owner in self.graph.initializers else None)
             if buf is None or address(buf) != addr or buf.nbytes != cap:
                 self.state.stage2_streak += 1
                 self.memo_stats.stage2_mismatches += 1
@@ -198,7 +198,7 @@ class DecodeMemoSteps:
             for v in outs:
                 views[v] = observed[v]
             for o in owners:
-                buf = self.state.buffers.get(o, self._env[o])
+                buf = self.state.buffers.get(o, self.env[o])
                 sources[o] = (address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
@@ -208,13 +208,13 @@ class DecodeMemoSteps:
         whose start moved) and the values of its runtime parameter inputs (every
         input after the source that is not an initializer)."""
         inputs = self.plan.nodes[k].inputs
-        source = self._env[inputs[0]]
+        source = self.env[inputs[0]]
         keys = [(inputs[0], None) if source is None else
                 (inputs[0], address(source), source.shape, source.strides)]
         for vid in inputs[1:]:
             if vid < 0 or vid in self.graph.initializers:
                 continue
-            value = self._env[vid]
+            value = self.env[vid]
             if value is None:
                 keys.append((vid, None))
                 continue
