@@ -1,0 +1,1 @@
+"""Differential fuzzing of the workbench executor against onnxruntime."""

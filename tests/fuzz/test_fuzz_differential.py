@@ -1,0 +1,40 @@
+"""Differential fuzzing: random multi-step programs must give onnxruntime's values under
+every combination of the executor's mechanisms (capture, memo, Stage 2, views, in-place,
+release, If skipping, both slots, io binding), step after step.
+
+Each hypothesis example is one program, run for 6-9 steps with inputs at stable
+addresses and changing contents. A failing example prints the program, its switches
+and the first differing step / output; `benchmarks/fuzz.py` runs longer campaigns and
+writes shrunk reproductions for tests/fuzz/regressions/.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .harness import case_from_program, run_case, save_case
+from .programs import HypothesisDraw, generate
+
+#: hypothesis's final (shrunk) failing example is saved here, loadable by `harness.load_case`
+LAST_FAILURE = Path(tempfile.gettempdir()) / "workbench-fuzz-last-failure"
+#: WORKBENCH_FUZZ_EXAMPLES scales the run (2,000 by default: about 25 s on 2 cores, plus
+#: hypothesis's shrinking when one fails)
+EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "2000"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          print_blob=False)
+@given(st.data())
+def test_every_mechanism_keeps_every_value(data):
+    prog = generate(HypothesisDraw(data))
+    case = case_from_program(prog)
+    failure = run_case(case)  # an OracleError (invalid program) fails too
+    if failure is not None:
+        save_case(case, LAST_FAILURE, failure, {"program": prog.summary()})
+    assert failure is None, f"{failure.describe()}\nprogram: {prog.summary()}\nsaved to {LAST_FAILURE}"
