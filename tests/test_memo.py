@@ -166,3 +166,20 @@ def test_batch_size_change_mid_decode_rebuilds():
     assert timeline.action.iloc[4] != "replayed"
     assert timeline.reason.iloc[4] == "non-varying symbol batch_size changed 1->2"
     assert out[0].shape == (2, 1, cfg.vocab)
+
+
+def test_view_plan_admission_says_why_a_layout_node_is_left_out():
+    from types import SimpleNamespace
+
+    from workbench.executor.memo import view_plan_admission
+
+    node = SimpleNamespace(inputs=(1, 2), outputs=(3,))
+    geometry = ("view", 1, (2,), (1,), 0)
+    stable = {1}.__contains__
+    admit = view_plan_admission
+    assert admit(node, {1: (2,), 3: (2,)}, {3: geometry}, stable, {}) is None
+    assert admit(node, {1: (2,)}, {3: geometry}, stable, {}) == "an output's shape varies"
+    assert admit(node, {1: (2,), 3: (2,)}, {}, stable, {}) == "an output was copied, not viewed"
+    assert admit(node, {3: (2,)}, {3: geometry}, stable, {}).startswith("the source's shape varies")
+    assert admit(node, {1: (2,), 3: (2,)}, {3: geometry}, set().__contains__, {}).startswith(
+        "the source is not stable storage")

@@ -108,6 +108,28 @@ class ViewPlan:
         return "validated" if self.validated else "candidate"
 
 
+def view_plan_admission(p: Any, invariant: dict, observed: dict[int, tuple], stable_owner: Any,
+                        initializers: Any) -> str | None:
+    """None when layout node `p` may join the cached view plan, else why not.
+
+    `observed` maps a value to (view, owner, shape, strides, offset) as seen this
+    step; `stable_owner(owner)` says whether that owner's buffer is the executor's
+    own and of invariant shape (so the guard's address check means something).
+    """
+    outs = [v for v in p.outputs if v >= 0]
+    if not outs:
+        return "no outputs"
+    if any(v not in invariant for v in outs):
+        return "an output's shape varies"
+    if any(v not in observed for v in outs):
+        return "an output was copied, not viewed"
+    if p.inputs[0] not in invariant and p.inputs[0] not in initializers:
+        return "the source's shape varies (so would the view's offsets)"
+    if not all(stable_owner(observed[v][1]) for v in outs):
+        return "the source is not stable storage of this executor (a feed, or just-in-time)"
+    return None
+
+
 @dataclass
 class MemoStats:
     """Counters of what the memo did over a session (see `session.memo_stats()`)."""

@@ -17,6 +17,7 @@ from .memo import (
     growth_transition,
     shape_mentions,
     signature_diff,
+    view_plan_admission,
     why_not_growth,
 )
 from .plan import PlanNode
@@ -179,27 +180,28 @@ class DecodeMemoSteps:
                 self.state.view_plan = None
 
     def _candidate_view_plan(self, observed: dict[int, tuple]) -> ViewPlan | None:
-        memo = self.state.memo
+        """The view nodes `view_plan_admission` admits, with what the guard needs."""
+        invariant = self.state.memo.invariant
         initializers = self.graph.initializers
+        buffers = self.state.buffers
+
+        def stable_owner(owner: int) -> bool:
+            return (owner in buffers and owner in invariant) or owner in initializers
+
         nodes, views, sources, params = set(), {}, {}, {}
         for p in self.plan.nodes:
             if not (p.spec.produces_view and self.options.views):
                 continue
-            outs = [v for v in p.outputs if v >= 0]
-            if not outs or any(v not in memo.invariant or v not in observed for v in outs):
+            if view_plan_admission(p, invariant, observed, stable_owner, initializers) is not None:
                 continue
-            if p.inputs[0] not in memo.invariant and p.inputs[0] not in initializers:
-                continue  # the source's shape moves: the view's offsets would too
-            owners = {observed[v][1] for v in outs}
-            if not all((o in self.state.buffers and o in memo.invariant) or o in initializers for o in owners):
-                continue  # views of caller feeds, just-in-time or re-sized arrays: not stable storage
             params[p.index] = self._param_keys(p.index)
             nodes.add(p.index)
-            for v in outs:
-                views[v] = observed[v]
-            for o in owners:
-                buf = self.state.buffers.get(o, self.env[o])
-                sources[o] = (address(buf), buf.nbytes)
+            for v in p.outputs:
+                if v >= 0:
+                    views[v] = observed[v]
+                    owner = observed[v][1]
+                    buf = buffers.get(owner, self.env[owner])
+                    sources[owner] = (address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
     def _param_keys(self, k: int) -> tuple:
