@@ -368,3 +368,63 @@ def test_a_capture_api_failure_retires_with_its_own_reason_and_the_step_complete
     assert retire.str.startswith("capture_api_error: RuntimeError: cudaErrorStreamCaptureInvalidated").any()
     assert session.executor.capture_runner.quarantined == set()
     assert (events.event == "replay").any(), "captured again on a later step, and replayed"
+
+
+# -- found by the differential fuzzer (tests/fuzz) -------------------------------------
+
+
+def test_a_layout_node_writing_a_caller_bound_output_is_replayed():
+    """A bound output produced by a layout node (Unsqueeze of a graph input) is a
+    copy into the caller's array: a captured replay must redo it."""
+    model = _model(
+        [helper.make_node("Unsqueeze", ["x", "axes"], ["y"]),
+         helper.make_node("Neg", ["x"], ["n"]),
+         helper.make_node("Tanh", ["n"], ["z"])],
+        [_tensor("x", [2, 3])], [_tensor("y", [1, 2, 3]), _tensor("z", [2, 3])],
+        [numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    session = workbench.InferenceSession(model, _options(min_segment_nodes=1))
+    oracle = _ort(model)
+    rng = np.random.default_rng(9)
+    x = np.empty((2, 3), np.float32)
+    y = np.empty((1, 2, 3), np.float32)
+    z = np.empty((2, 3), np.float32)
+    binding = session.io_binding()
+    binding.bind_input("x", x)
+    binding.bind_output("y", y)
+    binding.bind_output("z", z)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        session.run_with_iobinding(binding)
+        want = oracle.run(None, {"x": x.copy()})
+        _assert_exact(y, want[0], run, "y")
+        _assert_exact(z, want[1], run, "z")
+    assert (session.recording.capture_events().event == "replay").any()
+
+
+def test_a_layout_result_never_aliases_an_input_that_is_later_overwritten_in_place():
+    """With views off the storage plan treats a Slice's output as its own buffer; a
+    kernel result that still aliases the input would be overwritten by an in-place
+    write into that (dead) input."""
+    starts = numpy_helper.from_array(np.array([1], np.int64), "one")
+    model = _model(
+        [helper.make_node("Tanh", ["x"], ["s"]),  # negative values: the Abs below changes them
+         helper.make_node("Add", ["idx", "one"], ["end"]),
+         helper.make_node("Slice", ["s", "idx", "end"], ["row"]),
+         helper.make_node("Abs", ["s"], ["a"]),
+         helper.make_node("Relu", ["row"], ["r"]),
+         helper.make_node("ReduceSum", ["a"], ["total"], keepdims=0)],
+        [_tensor("x", [4, 3]), _tensor("idx", [1], TensorProto.INT64)],
+        [_tensor("r", [1, 3]), _tensor("total", [])], [starts])
+    for views in (False, True):
+        session = workbench.InferenceSession(model, _options(views=views))
+        oracle = _ort(model)
+        rng = np.random.default_rng(10)
+        x = np.empty((4, 3), np.float32)
+        idx = np.empty((1,), np.int64)
+        for run in range(RUNS):
+            x[...] = rng.standard_normal(x.shape) * 3
+            idx[...] = run % 4
+            got = session.run(None, {"x": x, "idx": idx})
+            want = oracle.run(None, {"x": x.copy(), "idx": idx.copy()})
+            for g, w in zip(got, want):
+                _assert_exact(g, w, run, f"views={views}")

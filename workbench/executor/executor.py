@@ -346,7 +346,8 @@ class Executor(DecodeMemoSteps):
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", time.perf_counter() - t0)
-        if graph is not None and not d.view:
+        if graph is not None and (not d.view or any(o is not None for o in outs)):
+            # a layout node writing into a caller-bound output copies: record that too
             self.backend.record(graph, p.fn, ins, outs)
         materialized: list = []
         for j, vid in enumerate(p.outputs):
@@ -364,6 +365,10 @@ class Executor(DecodeMemoSteps):
                 o[...] = r
                 env[vid] = o
             else:
+                if p.spec.produces_view and any(is_view_of(r, x) for x in ins if x is not None):
+                    # views are off (or this slot has no buffer): a layout kernel's result
+                    # must not alias an input the storage plan lets others overwrite
+                    r = r.copy()
                 env[vid] = self._adopt(p, vid, r, bindings)
         if materialized:
             # A layout node that had to copy: the copy is work a replay must redo, so
