@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, discover
+from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, check, discover
 from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
 #: staged input buffers kept (by input and shape); a growing mask would otherwise
@@ -56,18 +56,27 @@ class Generator:
     alike (same loop), so the two can be compared token for token.
     """
 
-    def __init__(self, session: Any):
+    def __init__(self, session: Any, *, prefill: Any = None, kv_map: dict[str, str] | None = None,
+                 head_size: int | None = None, roles: dict[str, str] | None = None,
+                 config_head_size: tuple[int, str] | None = None):
+        """`session` decodes; `prefill` (optional) is a second session that runs the
+        prompt once and starts the KV cache (transformers' prefill.onnx + decode.onnx).
+        `kv_map`, `head_size` and `roles` state what discovery cannot read (see
+        `workbench.decode.discover`); a model still not understood raises
+        DecodeInterfaceError naming each input and what was expected."""
         self.session = session
-        self.interface: DecodeInterface = discover(session)
-        if self.interface.other_inputs:
-            raise DecodeInterfaceError(
-                f"cannot interpret the model's inputs {self.interface.other_inputs}: the Generator "
-                "feeds input_ids, attention_mask, position_ids and past_key_values.{i}.key/value "
-                "(or past.{i}.*, past_key_{i}, ...) with matching present outputs"
-            )
+        self.prefill_session = prefill
+        overrides = dict(kv_map=kv_map, head_size=head_size, roles=roles, config_head_size=config_head_size)
+        self.interface: DecodeInterface = check(
+            discover(session, graph="the decode graph" if prefill is not None else "", **overrides))
+        self.prefill_interface: DecodeInterface | None = None
+        if prefill is not None:
+            self.prefill_interface = check(discover(prefill, graph="the prefill graph", head_size=head_size,
+                                                    roles=roles, config_head_size=config_head_size))
+            self._check_pair()
         ops = model_op_types(session) or set()
         self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS)
-        meta = model_metadata(session)
+        meta = {**(model_metadata(prefill) if prefill is not None else {}), **model_metadata(session)}
         try:
             config = json.loads(meta.get("workbench.model_config", "{}"))
         except ValueError:
@@ -78,6 +87,40 @@ class Generator:
         self._feed_buffers: dict[tuple, np.ndarray] = {}
         #: arrays the loop keeps (KV cache, staged inputs) live where the session computes
         self.xp = session.backend.xp if is_workbench_session(session) else np
+        self._ran: Any = session  # the session of the latest step (its recording gets the token)
+
+    @classmethod
+    def from_pair(cls, prefill: Any, decode: Any, **overrides: Any) -> Generator:
+        """A Generator over two graphs: `prefill` runs the prompt, `decode` every later step."""
+        return cls(decode, prefill=prefill, **overrides)
+
+    def describe(self) -> str:
+        """How discovery read the model (both graphs for a prefill + decode pair)."""
+        parts = [self.interface.describe()]
+        if self.prefill_interface is not None:
+            parts.insert(0, self.prefill_interface.describe())
+        return "\n\n".join(parts)
+
+    def _check_pair(self) -> None:
+        """The prefill graph must make every K/V tensor the decode graph reads, alike."""
+        pre, dec = self.prefill_interface, self.interface
+        made = {(s.layer, s.kind): s for s in pre.kv}
+        problems = []
+        if any(s.past for s in pre.kv):
+            problems.append("the prefill graph has past K/V inputs: give a graph that starts the cache")
+        for s in dec.kv:
+            p = made.get((s.layer, s.kind))
+            if p is None:
+                problems.append(f"decode input {s.past!r} (layer {s.layer} {s.kind}): the prefill graph has no "
+                                f"matching output (it makes {sorted(x.present for x in pre.kv)})")
+            elif p.dtype != s.dtype or _without_seq(p) != _without_seq(s) or p.seq_axis != s.seq_axis:
+                problems.append(f"prefill output {p.present!r} {p.dtype}{p.shape} does not match decode input "
+                                f"{s.past!r} {s.dtype}{s.shape}")
+        if pre.logits != dec.logits:
+            problems.append(f"the graphs' logits differ in name: {pre.logits!r} vs {dec.logits!r}")
+        if problems:
+            raise DecodeInterfaceError("prefill and decode graphs do not fit together:\n"
+                                       + "\n".join(f"  - {p}" for p in problems) + "\n" + self.describe())
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, kv: str = "auto",
                  max_length: int | None = None, eos_token_id: int | None = None,
@@ -162,18 +205,18 @@ class Generator:
                     return
             pending = [result.tokens[-1]]
 
-    def _staged(self, name: str, values: Any) -> np.ndarray:
-        """Feed `values` through a persistent int64 buffer per input and shape.
+    def _staged(self, name: str, values: Any, dtype: Any = np.int64) -> np.ndarray:
+        """Feed `values` through a persistent buffer per input, shape and dtype.
 
         A captured device graph replays against fixed input addresses, as engines
         that replay graphs keep static input buffers: a fresh array every step
         would retire the graph each time.
         """
-        values = np.asarray(values, dtype=np.int64)
-        key = (name, values.shape)
+        values = np.asarray(values, dtype=dtype)
+        key = (name, values.shape, values.dtype.str)
         buf = self._feed_buffers.pop(key, None)
         if buf is None:
-            buf = self.xp.empty(values.shape, np.int64)
+            buf = self.xp.empty(values.shape, values.dtype)
             if len(self._feed_buffers) >= MAX_STAGED_BUFFERS:  # e.g. a mask that grows every step
                 del self._feed_buffers[next(iter(self._feed_buffers))]  # least recently used
         self._feed_buffers[key] = buf  # most recently used last
@@ -181,10 +224,15 @@ class Generator:
         return buf
 
     def _record_token(self, token: int, position: int) -> None:
-        """Note the chosen token beside the step that produced it, for the widgets."""
-        recording = getattr(self.session, "recording", None)
+        """Note the chosen token beside the step that produced it (in the recording of the
+        session that ran it), for the widgets; a pair of graphs also notes which ran."""
+        recording = getattr(self._ran, "recording", None)
         if recording is not None and recording.current_step >= 0:
-            recording.add_row("tokens", token=token, position=position)
+            if self.prefill_session is None:
+                recording.add_row("tokens", token=token, position=position)
+            else:
+                graph = "prefill" if self._ran is self.prefill_session else "decode"
+                recording.add_row("tokens", token=token, position=position, graph=graph)
 
     def _kv_mode(self, kv: str) -> str:
         if kv not in ("auto", "growing", "fixed"):
@@ -200,17 +248,29 @@ class Generator:
 
     def _step(self, tokens: list[int], cache: _KvCache, phase: str, slot: str) -> np.ndarray:
         """Run `tokens` through the model; the logits of every position, [n, vocab]."""
-        io = self.interface
+        first = cache.length == 0 and self.prefill_session is not None
+        session, io = (self.prefill_session, self.prefill_interface) if first else (self.session, self.interface)
         n, past_len = len(tokens), cache.length
-        feeds: dict[str, np.ndarray] = {io.input_ids: self._staged(io.input_ids, [tokens])}
+        feeds: dict[str, np.ndarray] = {io.input_ids: self._staged(io.input_ids, [tokens], io.dtypes[io.input_ids])}
         if io.attention_mask:
-            feeds[io.attention_mask] = self._staged(io.attention_mask, np.ones((1, past_len + n)))
+            feeds[io.attention_mask] = self._staged(io.attention_mask, np.ones((1, past_len + n)),
+                                                    io.dtypes[io.attention_mask])
         if io.position_ids:
-            feeds[io.position_ids] = self._staged(io.position_ids, np.arange(past_len, past_len + n)[None, :])
-        feeds.update(cache.past_feeds())
-        wanted = [io.logits] + cache.wanted_presents()
-        out = run_step(self.session, feeds, cache.bound_presents(), wanted, phase, slot)
-        cache.advance(n, out)
+            feeds[io.position_ids] = self._staged(io.position_ids, np.arange(past_len, past_len + n)[None, :],
+                                                  io.dtypes[io.position_ids])
+        if io.use_cache_branch:
+            feeds[io.use_cache_branch] = self._staged(io.use_cache_branch, [past_len > 0], np.bool_)
+        if first:
+            presents = {s.past: p.present for s in cache.io.kv
+                        for p in io.kv if (p.layer, p.kind) == (s.layer, s.kind)}
+            bound, wanted = {}, [io.logits] + list(presents.values())
+        else:
+            feeds.update(cache.past_feeds())
+            presents = None
+            bound, wanted = cache.bound_presents(), [io.logits] + cache.wanted_presents()
+        self._ran = session
+        out = run_step(session, feeds, bound, wanted, phase, slot)
+        cache.advance(n, out, presents)
         return np.asarray(out[io.logits])[0].astype(np.float32, copy=True)
 
 
@@ -237,14 +297,17 @@ class _KvCache:
     def wanted_presents(self) -> list[str]:
         return [] if self.shared else [s.present for s in self.io.kv]
 
-    def advance(self, n: int, out: dict[str, np.ndarray]) -> None:
+    def advance(self, n: int, out: dict[str, np.ndarray], presents: dict[str, str] | None = None) -> None:
+        """Take the run's new rows. `presents` (past input -> output name) when another graph
+        (a prefill graph) made them; it never writes into a shared buffer, so rows are copied."""
         new_len = self.length + n
+        names = presents or {s.past: s.present for s in self.io.kv}
         if self.mode == "growing":
             for s in self.io.kv:
-                self.arrays[s.past] = out[s.present]
-        elif not self.shared:
+                self.arrays[s.past] = out[names[s.past]]
+        elif not self.shared or presents is not None:
             for s in self.io.kv:
-                present = out[s.present]
+                present = out[names[s.past]]
                 _take(self.arrays[s.past], s.seq_axis, self.length, new_len)[...] = \
                     _take(present, s.seq_axis, self.length, new_len)
         self.length = new_len
@@ -271,6 +334,11 @@ def _lookup_draft(sequence: list[int], ngram: int, k: int) -> list[int]:
                 if follow:
                     return follow + [follow[-1]] * (k - len(follow))
     return []
+
+
+def _without_seq(slot: KvSlot) -> list:
+    """The slot's shape without the batch and sequence axes."""
+    return [d for axis, d in enumerate(slot.shape) if axis not in (0, slot.seq_axis)]
 
 
 def _kv_shape(slot: KvSlot, length: int) -> tuple[int, ...]:

@@ -55,6 +55,21 @@ def _run_onnxruntime_bound(session: Any, feeds, bound_outputs, wanted) -> dict[s
     return {n: r for n, r in zip(names, results) if n in wanted}
 
 
+def model_proto(session: Any) -> Any:
+    """The session's ModelProto (weights' bytes not loaded), when it can be had: workbench's
+    prepared (shape-inferred) proto, or the file / bytes an onnxruntime session was made from."""
+    if is_workbench_session(session):
+        return session.model_proto
+    import onnx  # noqa: PLC0415
+
+    path = getattr(session, "_model_path", None)
+    raw = getattr(session, "_model_bytes", None)
+    try:
+        return onnx.load(path, load_external_data=False) if path else onnx.load_from_string(raw) if raw else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def model_op_types(session: Any) -> set[str] | None:
     """The op types in the session's model, when they can be known."""
     if is_workbench_session(session):
@@ -66,14 +81,7 @@ def model_op_types(session: Any) -> set[str] | None:
                 ops.add(node.op_type)
                 stack.extend(node.subgraphs.values())
         return ops
-    import onnx  # noqa: PLC0415
-
-    path = getattr(session, "_model_path", None)
-    raw = getattr(session, "_model_bytes", None)
-    try:
-        model = onnx.load(path, load_external_data=False) if path else onnx.load_from_string(raw) if raw else None
-    except Exception:  # noqa: BLE001
-        return None
+    model = model_proto(session)
     return {n.op_type for n in model.graph.node} if model is not None else None
 
 
