@@ -88,6 +88,21 @@ def _matmul_nbits(ctx) -> None:
     _set(ctx, 0, _elem(ctx, 0), None if dims is None else dims[:-1] + [int(_attr(ctx, "N", 0))])
 
 
+def _gather_block_quantized(ctx) -> None:
+    """indices.shape replaces data's gather_axis; uint8 data unpacks its last axis 8 / bits
+    values per byte (onnxruntime requires gather_axis 0, quantize_axis last there)."""
+    data, indices = _dims(ctx, 0), _dims(ctx, 1)
+    out = None
+    if data is not None and indices is not None and data:
+        axis = int(_attr(ctx, "gather_axis", 0)) % len(data)
+        out = data[:axis] + indices + data[axis + 1:]
+        per_byte = 8 // int(_attr(ctx, "bits", 4)) if _elem(ctx, 0) == TensorProto.UINT8 else 1
+        if per_byte > 1 and len(out) > 0:
+            last = out[-1]
+            out[-1] = last.dim_value * per_byte if last.HasField("dim_value") else None
+    _set(ctx, 0, _elem(ctx, 2), out)
+
+
 def _gqa(ctx) -> None:
     q = _dims(ctx, 0)
     heads, kv_heads = int(_attr(ctx, "num_heads", 0)), int(_attr(ctx, "kv_num_heads", 0))
@@ -112,6 +127,7 @@ _SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
     ("SkipLayerNormalization", MS, 5, 4, _skip_norm),
     ("RotaryEmbedding", MS, 4, 1, _same_as_input),
     ("MatMulNBits", MS, 6, 1, _matmul_nbits),
+    ("GatherBlockQuantized", MS, 4, 1, _gather_block_quantized),
     ("FastGelu", MS, 2, 1, _same_as_input),
     ("QuickGelu", MS, 1, 1, _same_as_input),
     ("SimplifiedLayerNormalization", "", 2, 2, _simplified_norm),

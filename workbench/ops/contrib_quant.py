@@ -14,9 +14,36 @@ Layout (onnxruntime's contrib schema):
 block_size`` or ``g_idx[k]``. Matching onnxruntime's CPU kernel: with ``g_idx`` present,
 packed uint8 zero points are ignored (the default zero point is used; float zero points
 are honoured); a ``B`` with a zero-sized dimension means an omitted projection, so Y is
-zeros (plus bias). ``accuracy_level`` is ignored: A is never quantized, the product is
-computed in float32. When B, scales (and zero points, g_idx) are initializers, the
+zeros (plus bias). When B, scales (and zero points, g_idx) are initializers, the
 dequantized weight is computed once at build time (up to a size cap).
+
+``accuracy_level`` (0-4), as onnxruntime's CPU kernel (1.32, x86-64) applies it: levels
+0-3 all compute in float32 (``SQNBIT_CompFp32`` or the unpacked dequantize + SGEMM path;
+level 2/3 fp16/bf16 compute exists only on ARM64 for fp16 A). Level 4 takes MLAS's
+``SQNBIT_CompInt8`` path only when every condition below holds, else float32:
+
+- the (bits, block_size) pair has an MLAS int8 kernel: bits 4 and 8 with block_size in
+  {16, 32, 64, 128, 256}; bits 2 with block_size in {32, 64, 128} (see
+  ``_INT8_BLOCK_SIZES``);
+- B is an initializer (MLAS needs it prepacked at session load; a run-time B always
+  takes the unpacked float path), and so are scales and uint8 zero points (with B
+  constant but scales / zero points fed at run time onnxruntime reads prepacked data it
+  never filled: its result there is garbage). The kernel cannot see which inputs are
+  initializers (see ``uses_int8_compute``) and assumes they all are;
+- no ``g_idx`` and no float zero points (both force the unpacked path).
+
+CompInt8 quantizes each row of A per block of ``block_size`` along K, symmetric int8:
+``scale_a = max|a| / 127``, ``q = round_half_even(a * (127 / max|a|))`` (0 for an all-zero
+block; a partial last block is zero padded), then sums
+``scale_a * scale_b * dot(q_a, q_b - zp)`` over blocks. Every quantity there is an exact
+int dot product in float32 range, so the kernel reproduces it as ``fake_quant(A) @ W``
+with the same float32 dequantized weight as level 0: one matmul, agreeing with
+onnxruntime to ~1e-6 of the output magnitude (float32 summation order only). This is
+MLAS's x86-64 AVX2 / AVX512 / AVX512-VNNI arithmetic (its ``QuantizeARow_CompInt8``
+family: float ``127 / max`` multiply, ``roundscale``/``cvtps`` to nearest even); pinned
+against the installed onnxruntime by ``tests/test_quant_ops_ort.py``. Not reproduced:
+ARM64 (KleidiAI / NEON kernels quantize A differently) and the saturating
+``maddubs`` 8-bit kernels of pre-VNNI CPUs.
 """
 
 from __future__ import annotations
@@ -31,6 +58,57 @@ from .registry import KernelFn, NodeInfo, register
 
 #: dequantized weights of at most this many elements are cached at build time
 _CACHE_LIMIT_ELEMENTS = 1 << 24
+
+#: block sizes with an MLAS CompInt8 (accuracy_level=4) kernel, by bits (onnxruntime 1.32:
+#: ``GetQNBitGemmVariant`` / ``MlasIsQNBitGemmAvailable`` in ``mlas/lib/qnbitgemm.cpp``)
+_INT8_BLOCK_SIZES = {2: (32, 64, 128), 4: (16, 32, 64, 128, 256), 8: (16, 32, 64, 128, 256)}
+#: the accuracy_level that asks for int8 compute
+_ACCURACY_INT8 = 4
+
+
+def uses_int8_compute(info: NodeInfo) -> bool:
+    """Whether onnxruntime's CPU kernel would quantize A to int8 for this node (see the
+    module docstring for the conditions and why)."""
+    bits = int(info.attr("bits", 4))
+    block_size = int(info.attr("block_size", 0))
+    if int(info.attr("accuracy_level", 0)) != _ACCURACY_INT8:
+        return False
+    if block_size not in _INT8_BLOCK_SIZES.get(bits, ()):
+        return False
+    dtypes = tuple(info.input_dtypes) + (None,) * 6
+    if dtypes[4] is not None:  # g_idx: unpacked path
+        return False
+    if dtypes[3] is not None and np.dtype(dtypes[3]) != np.uint8:  # float zero points
+        return False
+    # onnxruntime takes this path only for initializer B / scales / zero points. NodeInfo
+    # cannot say so: `constant_inputs` holds only initializers of <= 64 elements
+    # (executor/plan.py), so an absent B may still be an initializer. Every export feeds
+    # them as initializers, so assume that; a B fed at run time at level 4 (onnxruntime:
+    # float32) is the one known divergence (xfail in tests/test_quant_ops_ort.py).
+    return True
+
+
+def fake_quantize_blocks(xp: Any, a: Any, block_size: int) -> Any:
+    """A float32 ``[M, K]`` through MLAS's per-block symmetric int8 quantization and back:
+    ``round_half_even(a * (127 / max|a|)) * (max|a| / 127)`` per block of K (all float32
+    operations, as MLAS does them)."""
+    m, k = a.shape
+    k_blocks = -(-k // block_size)
+    if k_blocks * block_size != k:
+        padded = xp.zeros((m, k_blocks * block_size), dtype=F32)
+        padded[:, :k] = a
+        a = padded
+    blocks = a.reshape(m, k_blocks, block_size)
+    amax = xp.abs(blocks).max(axis=-1, keepdims=True)
+    # an all-zero block quantizes to zeros whatever the multiplier: avoid 127 / 0
+    inverse = _F32_127 / xp.where(amax == 0, _F32_ONE, amax)
+    q = xp.rint(blocks * inverse)
+    deq = (q * (amax / _F32_127)).reshape(m, k_blocks * block_size)
+    return deq[:, :k] if k_blocks * block_size != k else deq
+
+
+_F32_127 = np.float32(127.0)
+_F32_ONE = np.float32(1.0)
 
 
 @register("MatMulNBits", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
@@ -81,6 +159,7 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
         centred = qk - (default_zp if zp is None else xp.take(zp, g, axis=1))
         return centred * xp.take(sc, g, axis=1)
 
+    int8_compute = uses_int8_compute(info)
     cached_wt = None
     const = info.constant_inputs
     if 1 in const and 2 in const and N * K <= _CACHE_LIMIT_ELEMENTS:
@@ -103,7 +182,13 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
             y = xp.zeros(a.shape[:-1] + (N,), dtype=F32)
         else:
             wt = cached_wt if cached_wt is not None else dequantize(b, scales, zero_points, g_idx).T
-            y = xp.matmul(a.astype(F32, copy=False), wt)
+            a32 = a.astype(F32, copy=False)
+            if int8_compute:
+                # onnxruntime's CompInt8: A quantized per block; the int dot products and
+                # their scaling equal fake_quant(A) @ W up to float32 summation order
+                lead = a32.shape[:-1]
+                a32 = fake_quantize_blocks(xp, a32.reshape(-1, K), block_size).reshape(lead + (K,))
+            y = xp.matmul(a32, wt)
         if bias is not None:
             y = y + bias.astype(F32, copy=False)
         return (emit(outs[0], y, dtype),)
