@@ -7,34 +7,65 @@ Shared by `workbench demo` (a fixed chat on SmolLM2 or a built-in model) and
 from __future__ import annotations
 
 import argparse
+import html
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 
+@dataclass
+class ReportRun:
+    """What `run_report` did: the exit code, both runtimes' results, the sessions by graph."""
+
+    code: int
+    ours: Any  # GenerationResult
+    peer: Any = None  # GenerationResult of onnxruntime through the same loop, or None
+    sessions: dict[str, Any] = field(default_factory=dict)  # graph ("model" | "prefill" | "decode") -> session
+    generator: Any = None
+
+
 def decode_and_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path,
                       backend: str = "cpu", kv: str = "auto", eos_token_id: int | None = None,
-                      on_token: Callable[[int], None] | None = None, label: str = "") -> int:
-    from .. import Generator, InferenceSession  # noqa: PLC0415
-    from ..reports import export, summary_text, to_html  # noqa: PLC0415
+                      on_token: Callable[[int], None] | None = None, label: str = "",
+                      prefill: Any = None, overrides: dict | None = None) -> int:
+    """Decode `model` (with `prefill`, a second graph that runs the prompt) while recording
+    everything; write the report; print a summary; 0 when onnxruntime agrees token for token."""
+    return run_report(model, prompt, steps, out_dir=out_dir, backend=backend, kv=kv,
+                      eos_token_id=eos_token_id, on_token=on_token, label=label, prefill=prefill,
+                      overrides=overrides).code
 
+
+def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path,
+               backend: str = "cpu", kv: str = "auto", eos_token_id: int | None = None,
+               on_token: Callable[[int], None] | None = None, label: str = "",
+               prefill: Any = None, overrides: dict | None = None, return_logits: bool = False) -> ReportRun:
+    from .. import Generator, InferenceSession  # noqa: PLC0415
+    from ..reports import summary_text  # noqa: PLC0415
+
+    overrides = overrides or {}
     session = InferenceSession(model, backend=backend)
+    pre = InferenceSession(prefill, backend=backend) if prefill is not None else None
+    gen = Generator(session, prefill=pre, **overrides)
+    sessions = {"model": session} if pre is None else {"prefill": pre, "decode": session}
     # a streaming caller draws its own progress line (text and bar share the terminal)
-    result = Generator(session).generate(prompt, steps, kv=kv, eos_token_id=eos_token_id,
-                                         progress=on_token is None, on_token=on_token)
+    result = gen.generate(prompt, steps, kv=kv, eos_token_id=eos_token_id, progress=on_token is None,
+                          on_token=on_token, return_logits=return_logits)
     if on_token is not None:
         on_token(None)  # the stream's end
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    to_html(session.recording, out / "report.html")
-    export(session.recording, out / "frames")
+    _write_reports(sessions, out, label, {"model": model, "prefill": prefill, "decode": model})
     print(f"\n{label}: {len(result.tokens)} tokens, KV cache {result.kv_mode}"
           f"{' (shared past/present buffer)' if result.shared_buffer else ''}")
-    print(summary_text(session.recording))
-    peer = _peer_latency(model, prompt, len(result.tokens), kv)
+    for graph, sess in sessions.items():
+        if pre is not None:
+            print(f"\n== {graph} graph ==")
+        print(summary_text(sess.recording))
+    peer = _peer(model, prefill, prompt, len(result.tokens), kv, overrides, return_logits)
     ours_ms = result.per_token_latency * 1e3
     print("\n[latency]")
     print(f"  workbench     {ours_ms:8.2f} ms/token  {1e3 / ours_ms:7.1f} tokens/s")
@@ -44,11 +75,76 @@ def decode_and_report(model: Any, prompt: list[int], steps: int, *, out_dir: str
         peer_ms, same = peer.per_token_latency * 1e3, peer.tokens == result.tokens
         print(f"  onnxruntime   {peer_ms:8.2f} ms/token  {1e3 / peer_ms:7.1f} tokens/s")
         print(f"  workbench / onnxruntime: {ours_ms / peer_ms:.2f}x; tokens {'identical' if same else 'DIFFERENT'}")
-    print(f"\nreport: {out / 'report.html'}  frames: {out / 'frames'}/")
-    return 0 if peer is None or peer.tokens == result.tokens else 1
+    frames = out / "frames"
+    print(f"\nreport: {out / 'report.html'}  frames: {frames}/" + ("{prefill,decode}/" if pre is not None else ""))
+    code = 0 if peer is None or peer.tokens == result.tokens else 1
+    return ReportRun(code, result, peer, sessions, gen)
 
 
-def _peer_latency(model: Any, prompt: list[int], steps: int, kv: str):
+def _write_reports(sessions: dict[str, Any], out: Path, label: str, sources: dict[str, Any]) -> None:
+    """One graph: `report.html` + `frames/`. A prefill + decode pair: each graph's own report
+    (`prefill.html`, `decode.html`) and frames (`frames/prefill/`, `frames/decode/`), and a
+    `report.html` that shows both: the graphs, every step in run order tagged with the graph
+    that ran it, and each graph's report inline."""
+    from ..reports import export, to_html  # noqa: PLC0415
+
+    if set(sessions) == {"model"}:
+        rec = sessions["model"].recording
+        to_html(rec, out / "report.html", title=f"Workbench report: {label}" if label else "Workbench recording")
+        export(rec, out / "frames")
+        return
+    for graph, sess in sessions.items():
+        to_html(sess.recording, out / f"{graph}.html", title=f"{label}: the {graph} graph ({_name(sources[graph])})")
+        export(sess.recording, out / "frames" / graph)
+    (out / "report.html").write_text(_pair_index(sessions, label, sources), encoding="utf-8")
+
+
+def _name(source: Any) -> str:
+    return Path(source).name if isinstance(source, (str, Path)) else "in memory"
+
+
+def _pair_index(sessions: dict[str, Any], label: str, sources: dict[str, Any]) -> str:
+    import pandas as pd  # noqa: PLC0415
+
+    from ..reports import latency_frame, tokens_frame  # noqa: PLC0415
+    from ..reports.html import table_html  # noqa: PLC0415
+
+    rows, graphs = [], []
+    for graph, sess in sessions.items():
+        st = latency_frame(sess.recording)
+        tok = tokens_frame(sess.recording).drop_duplicates("step", keep="last").set_index("step")["token"]
+        st["token"] = st["step"].map(tok)
+        graphs.append({"graph": graph, "file": _name(sources[graph]), "steps": len(st),
+                       "phases": ", ".join(dict.fromkeys(st["phase"])), "nodes": len(sess.plan.nodes),
+                       "report": f"{graph}.html", "frames": f"frames/{graph}/"})
+        for _, r in st.iterrows():
+            rows.append({"run": None, "graph": graph, "step": int(r["step"]), "slot": r["slot"],
+                         "phase": r["phase"], "wall_ms": round(float(r["wall_ms"]), 3),
+                         "token": None if pd.isna(r["token"]) else int(r["token"])})
+    # runs alternate by phase: the prefill graph's one run comes first
+    rows.sort(key=lambda r: (r["graph"] != "prefill", r["step"]))
+    for i, r in enumerate(rows):
+        r["run"] = i
+
+    title = f"Workbench report: {label}" if label else "Workbench report"
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+             "td,th{padding:2px 8px;border-bottom:1px solid #ddd}iframe{width:100%;height:80vh;border:1px solid #ccc}"
+             "</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             "<p>Two graphs: the prefill graph runs the prompt once and starts the KV cache; the decode "
+             "graph runs every later step. Each has its own recording, report and frames.</p>",
+             "<h2 id=\"graphs\">Graphs</h2>", table_html(pd.DataFrame(graphs)),
+             "<h2 id=\"runs\">Every run, in order, with the graph that ran it</h2>", table_html(pd.DataFrame(rows))]
+    for graph in sessions:
+        parts.append(f"<h2 id=\"{graph}\">The {graph} graph (<a href=\"{graph}.html\">{graph}.html</a>)</h2>"
+                     f"<iframe src=\"{graph}.html\" title=\"{graph} graph report\"></iframe>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _peer(model: Any, prefill: Any, prompt: list[int], steps: int, kv: str, overrides: dict,
+          return_logits: bool):
     try:
         import onnxruntime as ort  # noqa: PLC0415
     except ImportError:
@@ -57,22 +153,54 @@ def _peer_latency(model: Any, prompt: list[int], steps: int, kv: str):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    source = model if isinstance(model, (str, Path)) else model.SerializeToString()
-    peer = ort.InferenceSession(str(source) if isinstance(source, Path) else source, opts,
-                                providers=["CPUExecutionProvider"])
-    return Generator(peer).generate(prompt, steps, kv=kv, eos_token_id=-1, progress=False)
+
+    def open_(source: Any):
+        source = source if isinstance(source, (str, Path)) else source.SerializeToString()
+        return ort.InferenceSession(str(source) if isinstance(source, Path) else source, opts,
+                                    providers=["CPUExecutionProvider"])
+
+    pre = open_(prefill) if prefill is not None else None
+    return Generator(open_(model), prefill=pre, **overrides).generate(
+        prompt, steps, kv=kv, eos_token_id=-1, progress=False, return_logits=return_logits)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .. import InferenceSession  # noqa: PLC0415
-    from ..decode import discover  # noqa: PLC0415
+    from ..decode import DecodeInterfaceError, check, discover, find_export  # noqa: PLC0415
 
-    probe = InferenceSession(args.model, options=_no_trace())
-    discover(probe)  # fails early, naming inputs it cannot interpret
-    vocab = next((d for d in (probe.get_outputs()[0].shape or [])[-1:] if isinstance(d, int)), 1000)
+    files = find_export(args.model)
+    overrides: dict[str, Any] = {}
+    if args.head_size is not None:
+        overrides["head_size"] = args.head_size
+    if args.kv_map:
+        pairs = [item.partition("=") for item in args.kv_map]
+        bad = [item for item, (_, eq, present) in zip(args.kv_map, pairs) if not eq or not present]
+        if bad:
+            raise DecodeInterfaceError(f"--kv-map {bad[0]!r}: expected PAST_INPUT=PRESENT_OUTPUT")
+        overrides["kv_map"] = {past: present for past, _, present in pairs}
+    if files.head_size_hint():
+        overrides["config_head_size"] = files.head_size_hint()
+    # read each graph first: fails early, naming the inputs it cannot interpret
+    probes = {"decode" if files.prefill else "model": files.decode}
+    if files.prefill:
+        probes = {"prefill": files.prefill, **probes}
+    vocab = 1000
+    print(f"{args.model}: {files.layout}" + (f" ({files.config_file} beside it)" if files.config_file else ""))
+    for graph, path in probes.items():
+        probe = InferenceSession(path, options=_no_trace())
+        kw = dict(overrides)
+        if graph == "prefill":
+            kw.pop("kv_map", None)
+        interface = check(discover(probe, graph=f"{path.name}", **kw))
+        print(interface.describe())
+        logits = next(a for a in probe.get_outputs() if a.name == interface.logits)
+        last = (logits.shape or [None])[-1]
+        last = int(last) if isinstance(last, str) and last.isdigit() else last
+        vocab = last if isinstance(last, int) else vocab
     prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt_tokens).tolist()
-    return decode_and_report(args.model, prompt, args.steps, out_dir=args.out, backend=args.backend,
-                             kv=args.kv, eos_token_id=-1, label=str(args.model))
+    return decode_and_report(str(files.decode), prompt, args.steps, out_dir=args.out, backend=args.backend,
+                             kv=args.kv, eos_token_id=-1, label=str(args.model),
+                             prefill=str(files.prefill) if files.prefill else None, overrides=overrides)
 
 
 def _no_trace():
@@ -83,11 +211,16 @@ def _no_trace():
 
 def add_parser(sub) -> None:
     report = sub.add_parser("report", help="decode your model with everything recorded; write an HTML report")
-    report.add_argument("model", help="an exported decoder (onnxruntime-genai, optimum or torch.onnx)")
+    report.add_argument("model", help="an exported decoder: a .onnx file (onnxruntime-genai, optimum, torch.onnx) "
+                                      "or its folder (transformers' prefill.onnx + decode.onnx, genai's model.onnx)")
     report.add_argument("--prompt-tokens", type=int, default=16)
     report.add_argument("--steps", type=int, default=32)
     report.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     report.add_argument("--kv", choices=["auto", "growing", "fixed"], default="auto")
+    report.add_argument("--head-size", type=int, default=None,
+                        help="the KV head size, where the graph does not say it")
+    report.add_argument("--kv-map", action="append", metavar="PAST=PRESENT",
+                        help="pair a past K/V input with its present output (names no pattern knows)")
     report.add_argument("--out", default="workbench-report")
     report.set_defaults(func=cmd_report)
 

@@ -2,6 +2,7 @@
 
 from .compare import compare
 from .generator import GenerationResult, Generator
-from .interface import DecodeInterface, DecodeInterfaceError, discover
+from .interface import DecodeInterface, DecodeInterfaceError, ExportFiles, check, discover, find_export
 
-__all__ = ["DecodeInterface", "DecodeInterfaceError", "GenerationResult", "Generator", "compare", "discover"]
+__all__ = ["DecodeInterface", "DecodeInterfaceError", "ExportFiles", "GenerationResult", "Generator", "check",
+           "compare", "discover", "find_export"]

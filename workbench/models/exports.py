@@ -67,7 +67,7 @@ def _set_dims(vi: onnx.ValueInfoProto, dims: list[int | str]) -> None:
             dim.dim_param = d
 
 
-def _drop_config(model: onnx.ModelProto) -> None:
+def drop_config(model: onnx.ModelProto) -> None:
     for i in reversed(range(len(model.metadata_props))):
         if model.metadata_props[i].key == CONFIG_KEY:
             del model.metadata_props[i]
@@ -138,7 +138,7 @@ def genai_builder(model: onnx.ModelProto, *, mask_dtype: str = "int64") -> onnx.
         _prepend(g, [helper.make_node("Cast", ["attention_mask"], [cast_out],
                                       name="/model/attn_mask_reformat/attention_mask/Cast",
                                       to=TensorProto.INT64)])
-    _drop_config(out)
+    drop_config(out)
     return out
 
 
@@ -252,7 +252,7 @@ def transformers_graphs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, onnx.M
         for name in ("input_ids", "position_ids"):
             _set_dims(_by_name(m.graph.input, name), [TF_BATCH, TF_SEQ])
         _set_dims(_by_name(m.graph.output, "logits"), [TF_BATCH, TF_SEQ, cfg.vocab])
-        _drop_config(m)
+        drop_config(m)
         m.producer_name = "pytorch"
     return prefill, decode
 
@@ -288,6 +288,6 @@ def transformers_export(directory: str | Path, size: str = "tiny", seed: int = 0
     return out
 
 
-__all__ = ["GENAI_HEAD_DIM", "genai_builder", "hf_config", "optimum_merged", "rename_values",
+__all__ = ["GENAI_HEAD_DIM", "drop_config", "genai_builder", "hf_config", "optimum_merged", "rename_values",
            "transformers_export", "transformers_graphs"]
 

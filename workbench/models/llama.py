@@ -159,8 +159,12 @@ def _repeat_kv(b: GraphBuilder, x: str, batch: str, cfg: ModelConfig, *, prefix:
     return b.node("Reshape", [x5, shape4], name=f"{prefix}/Reshape")
 
 
-def _build_onnx(cfg: ModelConfig, wts: DecoderWeights) -> ModelProto:
+def _build_onnx(cfg: ModelConfig, wts: DecoderWeights, *, attention_op: bool = False) -> ModelProto:
+    """`attention_op=True`: each layer's attention (past concat, GQA and the masked
+    softmax) is one opset-23 `Attention` node, as torch's dynamo exporter emits at opset 23."""
     b = GraphBuilder(cfg.family)
+    if attention_op:
+        b.domains[""] = 23
     io = decoder_io(b, cfg, position_ids=True)
     H, D = cfg.heads, cfg.head_dim
     x = b.node(
@@ -200,11 +204,15 @@ def _build_onnx(cfg: ModelConfig, wts: DecoderWeights) -> ModelProto:
         k = _apply_rope(b, k, cos, sin, D // 2, prefix=f"{n}/self_attn/k_rope")
         past_k, past_v = cfg.past_names(i)
         pres_k, pres_v = cfg.present_names(i)
-        k = b.node("Concat", [past_k, k], name=f"{n}/self_attn/Concat", outputs=[pres_k], axis=2)
-        v = b.node("Concat", [past_v, v], name=f"{n}/self_attn/Concat_1", outputs=[pres_v], axis=2)
-        k = _repeat_kv(b, k, batch, cfg, prefix=f"{n}/self_attn/repeat_kv")
-        v = _repeat_kv(b, v, batch, cfg, prefix=f"{n}/self_attn/repeat_kv_1")
-        a = masked_softmax_attention(b, q, k, v, mask, 1.0 / math.sqrt(D), prefix=f"{n}/self_attn")
+        if attention_op:
+            a = b.node("Attention", [q, k, v, mask, past_k, past_v], name=f"{n}/self_attn/Attention",
+                       outputs=[f"{n}/self_attn/Attention/output_0", pres_k, pres_v], scale=1.0 / math.sqrt(D))[0]
+        else:
+            k = b.node("Concat", [past_k, k], name=f"{n}/self_attn/Concat", outputs=[pres_k], axis=2)
+            v = b.node("Concat", [past_v, v], name=f"{n}/self_attn/Concat_1", outputs=[pres_v], axis=2)
+            k = _repeat_kv(b, k, batch, cfg, prefix=f"{n}/self_attn/repeat_kv")
+            v = _repeat_kv(b, v, batch, cfg, prefix=f"{n}/self_attn/repeat_kv_1")
+            a = masked_softmax_attention(b, q, k, v, mask, 1.0 / math.sqrt(D), prefix=f"{n}/self_attn")
         a = merge_heads(b, a, batch, seq, H * D, prefix=f"{n}/self_attn/merge")
         a = linear(
             b, a, lw.o, node=f"{n}/self_attn/o_proj", weight=f"{p}.self_attn.o_proj.weight", quant=cfg.quant
@@ -232,7 +240,10 @@ def _build_onnx(cfg: ModelConfig, wts: DecoderWeights) -> ModelProto:
 
     x = _rms_norm(b, x, wts.final_norm, cfg.norm_eps, node="/model/norm", name="model.norm")
     linear(b, x, wts.lm_head, node="/lm_head", weight="lm_head.weight", quant=cfg.quant, out="logits")
-    return b.make_model()
+    model = b.make_model()
+    if attention_op:
+        model.ir_version = 11  # opset 23 needs IR 11
+    return model
 
 
 # -- flavor="genai" --------------------------------------------------------------
@@ -458,15 +469,50 @@ def llama_genai_from_weights(
     return attach_config(build_genai(cfg, wts, plain_rope(cfg, rope_factors), packed=packed), cfg)
 
 
+#: exporter interfaces `llama(export=...)` re-dresses a model in (see `workbench.models.exports`)
+EXPORTS = {
+    "genai-builder": "genai",  # onnxruntime-genai's model builder: symbolic 'kv_cache_dim' head size
+    "optimum-merged": "onnx",  # optimum's merged decoder: If(use_cache_branch)
+    "torch-dynamo-attention": "onnx",  # torch dynamo at opset 23: one Attention node per layer
+}
+
+
 def llama(
-    size: str = "tiny", flavor: str = "onnx", seed: int = 0, quant: str | None = None, **overrides
+    size: str = "tiny", flavor: str = "onnx", seed: int = 0, quant: str | None = None, *,
+    export: str | None = None, mask_dtype: str = "int64", **overrides
 ) -> ModelProto:
-    """A Llama decoder (GQA, RoPE, SwiGLU) in the `flavor` dialect."""
+    """A Llama decoder (GQA, RoPE, SwiGLU) in the `flavor` dialect.
+
+    `export=` gives the model the exact decode interface of one exporter (without
+    the workbench config metadata, as real exports have none): "genai-builder"
+    (flavor="genai"; `mask_dtype="int32"` for an int32 attention_mask),
+    "optimum-merged" or "torch-dynamo-attention" (flavor="onnx"). For transformers'
+    two-graph export see `workbench.models.transformers_export`.
+    """
     if flavor not in FLAVORS:
         raise ModelBuildError(f"llama: unknown flavor {flavor!r}; expected one of {FLAVORS}")
     if quant not in (None, "int4"):
         raise ModelBuildError(f"llama: unknown quant {quant!r}; expected None or 'int4'")
+    if export is not None and EXPORTS.get(export) != flavor:
+        want = f"flavor={EXPORTS[export]!r}" if export in EXPORTS else f"one of {sorted(EXPORTS)}"
+        raise ModelBuildError(f"llama: export={export!r} needs {want} (got flavor={flavor!r})")
+    if mask_dtype != "int64" and export != "genai-builder":
+        raise ModelBuildError(f"llama: mask_dtype={mask_dtype!r} is for export='genai-builder'")
     cfg = resolve_config("llama", SIZES, size, dict(overrides, seed=seed, flavor=flavor, quant=quant))
     wts = decoder_weights(cfg, seed)
-    model = _build_onnx(cfg, wts) if flavor == "onnx" else build_genai(cfg, wts, plain_rope(cfg))
-    return attach_config(model, cfg)
+    if flavor == "onnx":
+        model = _build_onnx(cfg, wts, attention_op=export == "torch-dynamo-attention")
+    else:
+        model = build_genai(cfg, wts, plain_rope(cfg))
+    model = attach_config(model, cfg)
+    if export is None:
+        return model
+    from . import exports  # noqa: PLC0415 - exports reads configs the builders attach
+
+    if export == "genai-builder":
+        return exports.genai_builder(model, mask_dtype=mask_dtype)
+    if export == "optimum-merged":
+        return exports.optimum_merged(model)
+    exports.drop_config(model)
+    model.producer_name = "pytorch"
+    return model
