@@ -338,3 +338,11 @@ def test_optimum_merged_with_outer_scope_constants():
     data = exports.optimum_merged(models.llama("tiny", flavor="onnx"), constants="outer").SerializeToString()
     _assert_same(_generate(Generator(workbench.InferenceSession(data)), "growing"),
                  _generate(Generator(_ort(data)), "growing"))
+
+
+def test_cli_run_takes_numeric_string_dims_as_sizes(tmp_path, capsys):
+    folder = models.transformers_export(tmp_path / "tf")
+    assert main(["run", str(folder / "decode.onnx"), "--dim", "s53=3", "--dim", "s70=2"]) == 0
+    out = capsys.readouterr().out
+    assert "input  input.cache.layers.0.keys: float32[1, 2, 3, 16]" in out
+    assert "output logits: float32[1, 2, 512]" in out

@@ -17,7 +17,9 @@ def _random_input(arg, dims: dict[str, int], rng: np.random.Generator) -> np.nda
 
     from ..dtypes import numpy_dtype  # noqa: PLC0415
 
-    shape = [d if isinstance(d, int) else dims.get(d, 1) for d in (arg.shape or [])]
+    # exporters write some static dims as numeric strings ('16'); every other symbol is --dim or 1
+    shape = [d if isinstance(d, int) else int(d) if d.strip().isdigit() else dims.get(d, 1)
+             for d in (arg.shape or [])]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(_dtype_of(arg.type)))
     dtype = numpy_dtype(elem)
     if dtype.kind == "f":
