@@ -155,7 +155,7 @@ class Executor(DecodeMemoSteps):
                     self.state.bound_slots[vid] = (p.index, j)
                     continue
                 v = values[vid]
-                if (self.jit_only or v.dtype is None or v.shape is None or view
+                if (self.jit_only or v.dtype is None or v.shape is None or view or sp.storage.get(vid) == VIEW
                         or p.spec.kind == "host_fallback" or p.index in self.jit_forced):
                     continue
                 owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
@@ -346,10 +346,7 @@ class Executor(DecodeMemoSteps):
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", time.perf_counter() - t0)
-        if graph is not None and (not d.view or any(o is not None for o in outs)):
-            # a layout node writing into a caller-bound output copies: record that too
-            self.backend.record(graph, p.fn, ins, outs)
-        materialized: list = []
+        materialized: list = []  # (slot, array) of outputs this run created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -365,18 +362,18 @@ class Executor(DecodeMemoSteps):
                 o[...] = r
                 env[vid] = o
             else:
-                if p.spec.produces_view and any(is_view_of(r, x) for x in ins if x is not None):
-                    # views are off (or this slot has no buffer): a layout kernel's result
-                    # must not alias an input the storage plan lets others overwrite
-                    r = r.copy()
                 env[vid] = self._adopt(p, vid, r, bindings)
-        if materialized:
-            # A layout node that had to copy: the copy is work a replay must redo, so
-            # it is recorded as a launch writing into the array this run produced.
-            slots = [None] * len(p.outputs)
+                if graph is not None and not any(is_view_of(r, x) for x in ins if x is not None):
+                    materialized.append((j, env[vid]))
+        if graph is not None:
+            # What a replay must redo: every write into a buffer, including a copy a
+            # layout node made (into the array this run produced) or into a caller-bound
+            # output. A pure zero-copy view is no work: its replay is the view itself.
+            slots = list(outs)
             for j, arr in materialized:
                 slots[j] = arr
-            self.backend.record(graph, p.fn, ins, slots)
+            if not d.view or any(o is not None for o in slots):
+                self.backend.record(graph, p.fn, ins, slots)
         if rec is not None and p.index in self.state.storage.in_place:
             slot, pos = self.state.storage.in_place[p.index]
             rec.alias(p.outputs[slot], p.inputs[pos], p.index)

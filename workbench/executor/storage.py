@@ -69,7 +69,11 @@ def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bo
             if vid >= 0:
                 sp.first_def[vid] = k
         src = p.inputs[0] if p.inputs else -1
-        if views and p.spec.produces_view and src >= 0 and src in sp.owner:
+        # With views off a layout node copies into its own buffer -- but one whose
+        # output shape is known only after it runs has no buffer, and its kernel's
+        # result is a view all the same: plan it as one (its source stays pinned).
+        as_view = views or any(shapes.get(v) is None for v in p.outputs if v >= 0)
+        if as_view and p.spec.produces_view and src >= 0 and src in sp.owner:
             owner = sp.owner[src]
             for vid in p.outputs:
                 if vid >= 0:
