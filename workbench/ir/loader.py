@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import ModelLoadError
 from .contrib_schemas import contrib_shape_inference
 from .graph import Graph, Node, Value
+from .validate import check_model, check_strings
 
 
 def read_model(model: Any) -> onnx.ModelProto:
@@ -39,6 +41,7 @@ def read_model(model: Any) -> onnx.ModelProto:
         raise ModelLoadError(
             f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}"
         )
+    check_strings(proto)  # before anything reads a name or an external-data location
     _load_external_data(proto, base_dir)
     return proto
 
@@ -71,33 +74,89 @@ def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
         )
     root = base_dir.resolve()
     for tensor in tensors:
-        info = external_data_helper.ExternalDataInfo(tensor)
-        target = _safe_location(root, info.location, tensor.name)
-        try:
-            with open(target, "rb") as f:
-                f.seek(info.offset or 0)
-                raw = f.read(info.length) if info.length else f.read()
-        except OSError as e:
-            raise ModelLoadError(
-                f"initializer {tensor.name!r}: cannot read external data {info.location!r}: {e}"
-            ) from None
-        tensor.raw_data = raw
+        tensor.raw_data = _read_external(root, tensor)
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
 
 
-def _safe_location(root: Path, location: str, tensor_name: str) -> Path:
-    if not location or os.path.isabs(location) or Path(location).is_absolute() or location.startswith(("/", "\\")):
+MAX_LOCATION = 4096  # characters: longer external-data locations are refused outright
+
+
+def _read_external(root: Path, tensor: onnx.TensorProto) -> bytes:
+    """The bytes of one external tensor, read only from a regular file inside `root`."""
+    what = f"initializer {tensor.name!r}"
+    entries = {e.key: e.value for e in tensor.external_data}
+    if "location" not in entries:
+        raise ModelLoadError(f"{what} is marked as external data but has no 'location' entry")
+    location = entries["location"]
+    offset = _external_int(entries, "offset", what)
+    length = _external_int(entries, "length", what)
+    target = _safe_location(root, location, tensor.name)
+    try:
+        with open(target, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            end = size if length is None else offset + length
+            if offset > size or end > size:
+                span = f"offset {offset}" + ("" if length is None else f" + length {length}")
+                raise ModelLoadError(
+                    f"{what}: external data {location!r} is {size} bytes, but {span} = {end} "
+                    "reaches past its end (truncated weights file?)"
+                )
+            f.seek(offset)
+            raw = f.read(end - offset)
+    except OSError as e:
+        raise ModelLoadError(f"{what}: cannot read external data {location!r}: {e.strerror or e}") from None
+    if len(raw) != end - offset:
         raise ModelLoadError(
-            f"initializer {tensor_name!r}: external data location {location!r} is absolute; "
+            f"{what}: external data {location!r} gave {len(raw)} bytes, expected {end - offset}"
+        )
+    return raw
+
+
+def _external_int(entries: dict[str, str], key: str, what: str) -> int | None:
+    text = entries.get(key)
+    if text is None or text == "":
+        return 0 if key == "offset" else None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ModelLoadError(f"{what}: external data {key} {text[:40]!r} is not an integer") from None
+    if value < 0:
+        raise ModelLoadError(f"{what}: external data {key} {value} is negative")
+    return value
+
+
+def _safe_location(root: Path, location: str, tensor_name: str) -> Path:
+    what = f"initializer {tensor_name!r}"
+    if not location:
+        raise ModelLoadError(f"{what}: external data location is empty")
+    if "\x00" in location:
+        raise ModelLoadError(f"{what}: external data location {location[:80]!r} contains a NUL byte")
+    if len(location) > MAX_LOCATION:
+        raise ModelLoadError(
+            f"{what}: external data location is {len(location)} characters long "
+            f"(at most {MAX_LOCATION}): {location[:60]!r}..."
+        )
+    if os.path.isabs(location) or Path(location).is_absolute() or location.startswith(("/", "\\")):
+        raise ModelLoadError(
+            f"{what}: external data location {location!r} is absolute; "
             "only paths inside the model's folder are allowed"
         )
-    target = (root / location).resolve()
+    try:
+        target = (root / location).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a name too long, ...
+        raise ModelLoadError(f"{what}: external data location {location[:80]!r} cannot be resolved: {e}") from None
     if target != root and root not in target.parents:
         raise ModelLoadError(
-            f"initializer {tensor_name!r}: external data location {location!r} escapes the "
+            f"{what}: external data location {location!r} escapes the "
             f"model's folder {str(root)!r}"
         )
+    try:
+        kind = "is not a regular file" if not stat.S_ISREG(target.stat().st_mode) else ""
+    except OSError as e:
+        kind = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror or e})"
+    if kind:  # a directory, a FIFO (which would block the read), a device, or missing
+        raise ModelLoadError(f"{what}: external data location {location!r} {kind} (in {str(root)!r})")
     return target
 
 
@@ -197,22 +256,21 @@ class GraphBuilder:
             if vi.name not in init_names:
                 g.inputs.append(value_id(vi.name))
 
-        defined = set(g.by_name)
+        # names this graph defines itself, wherever in the node list (validation has
+        # checked each is defined once and that the nodes can be ordered)
+        local = set(g.by_name) | {name for np_ in gp.node for name in np_.output if name}
         outer: dict[str, int] = {}
+
+        def read(name: str) -> int:
+            if name not in local and name not in outer and name in outer_names:
+                outer[name] = value_id(name)
+            return value_id(name)
+
+        visible = outer_names | frozenset(local)
         for i, np_ in enumerate(gp.node):
-            ins = []
-            for name in np_.input:
-                if not name:
-                    ins.append(-1)
-                    continue
-                if name not in defined and name not in outer:
-                    if name in outer_names:
-                        outer[name] = value_id(name)
-                    # else: an undefined name; the plan reports it
-                ins.append(value_id(name))
+            ins = [read(name) if name else -1 for name in np_.input]
             subgraphs, captures = {}, []
             attrs = {}
-            visible = outer_names | frozenset(defined) | frozenset(outer)
             for a in np_.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     sub = self.build(a.g, visible)
@@ -222,27 +280,21 @@ class GraphBuilder:
                     raise ModelLoadError(f"node {np_.name!r}: GRAPHS attributes are not supported")
                 else:
                     attrs[a.name] = _attr_value(a)
-            cap_ids = []
-            for name in dict.fromkeys(captures):
-                if name not in defined and name not in outer and name in outer_names:
-                    outer[name] = value_id(name)
-                if name in g.by_name:
-                    cap_ids.append(g.by_name[name])
+            cap_ids = [read(name) for name in dict.fromkeys(captures)]
             outs = []
             for name in np_.output:
                 if not name:
                     outs.append(-1)
                     continue
                 outs.append(value_id(name))
-                defined.add(name)
             g.nodes.append(Node(
                 index=i, name=np_.name or f"{np_.op_type}_{i}", op_type=np_.op_type,
                 domain="" if np_.domain == "ai.onnx" else np_.domain,
                 inputs=tuple(ins), outputs=tuple(outs), attrs=attrs,
                 subgraphs=subgraphs, captures=tuple(cap_ids), proto=np_,
             ))
+        g.outputs = [read(vi.name) for vi in gp.output]
         g.outer_inputs = list(outer.values())
-        g.outputs = [value_id(vi.name) for vi in gp.output]
         return g
 
     def _value(self, vid: int, name: str, vi: onnx.ValueInfoProto | None) -> Value:
@@ -264,9 +316,12 @@ class GraphBuilder:
         return Value(vid, name, tt.elem_type, dtype, shape)
 
     def _dim(self, d: onnx.TensorShapeProto.Dimension) -> int | str:
+        # defensive: shape inference output is not re-validated, and some exporters
+        # write -1 for "dynamic"; anything but a non-negative int or a text symbol is unknown
         if d.HasField("dim_value"):
-            return int(d.dim_value)
-        if d.HasField("dim_param") and d.dim_param:
+            if d.dim_value >= 0:
+                return int(d.dim_value)
+        elif d.HasField("dim_param") and d.dim_param and isinstance(d.dim_param, str):
             return d.dim_param
         return f"unk_{next(self._fresh)}"
 
@@ -279,13 +334,19 @@ def _tensor_to_array(t: onnx.TensorProto) -> np.ndarray:
 
 
 def _sparse_to_array(st: onnx.SparseTensorProto) -> np.ndarray:
-    values = numpy_helper.to_array(st.values)
-    indices = numpy_helper.to_array(st.indices)
-    dense = np.zeros(tuple(st.dims), dtype=values.dtype)
-    if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
-    else:
-        dense[tuple(indices.T)] = values
+    values = _tensor_to_array(st.values)
+    indices = _tensor_to_array(st.indices)
+    try:
+        dense = np.zeros(tuple(st.dims), dtype=values.dtype)
+        if indices.ndim == 1:
+            dense.reshape(-1)[indices] = values
+        else:
+            dense[tuple(indices.T)] = values
+    except (IndexError, ValueError, TypeError, MemoryError) as e:
+        raise ModelLoadError(
+            f"sparse initializer {st.values.name!r} (dims {list(st.dims)}): its indices "
+            f"{list(indices.shape)} and values {list(values.shape)} do not fit: {e}"
+        ) from None
     return dense
 
 
@@ -305,7 +366,8 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
 
 
 def load_graph(model: Any) -> tuple[Graph, onnx.ModelProto]:
-    """Read, inline and shape-infer a model; return its main Graph and the prepared proto."""
+    """Read, validate, inline and shape-infer a model; return its main Graph and the prepared proto."""
     proto = prepare(read_model(model))
+    check_model(proto, opset_map(proto))
     graph = GraphBuilder(opset_map(proto)).build(proto.graph)
     return graph, proto
