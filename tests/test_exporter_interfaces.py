@@ -331,9 +331,6 @@ def test_export_variants_carry_no_workbench_config_and_builders_are_unchanged():
 # -- named regression: constants an If branch reads from the enclosing graph --------------------
 
 
-@pytest.mark.xfail(strict=True, reason="ir/ops: a value an If branch reads from the enclosing scope has no "
-                   "dtype in the branch graph, so ReduceMean takes its `axes` input for absent and reduces "
-                   "every axis (optimum's merger keeps small constants as outer initializers)")
 def test_optimum_merged_with_outer_scope_constants():
     data = exports.optimum_merged(models.llama("tiny", flavor="onnx"), constants="outer").SerializeToString()
     _assert_same(_generate(Generator(workbench.InferenceSession(data)), "growing"),

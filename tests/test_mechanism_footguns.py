@@ -428,3 +428,32 @@ def test_a_layout_result_never_aliases_an_input_that_is_later_overwritten_in_pla
             want = oracle.run(None, {"x": x.copy(), "idx": idx.copy()})
             for g, w in zip(got, want):
                 _assert_exact(g, w, run, f"views={views}")
+
+
+# -- found while decoding exporters' models --------------------------------------------
+
+
+def test_an_if_branch_reading_an_outer_constant_keeps_its_type():
+    """optimum's merger keeps small constants (ReduceMean's axes) as outer-scope
+    initializers; inside the branch that value once had no dtype, so the kernel took
+    the `axes` input for omitted and reduced every axis."""
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    branch = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=0)],
+                               "then", [], [_tensor("m", None)])
+    other = helper.make_graph([helper.make_node("ReduceMax", ["x", "axes"], ["m2"], keepdims=0)],
+                              "else", [], [_tensor("m2", None)])
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)],
+                   [_tensor("x", [2, 3]), _tensor("cond", [], TensorProto.BOOL)], [_tensor("y", None)],
+                   [axes], opset=[helper.make_opsetid("", 18)])
+    session = workbench.InferenceSession(model, _options())
+    oracle = _ort(model)
+    rng = np.random.default_rng(11)
+    x = np.empty((2, 3), np.float32)
+    cond = np.empty((), np.bool_)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        cond[...] = run % 3 != 2
+        (got,) = session.run(None, {"x": x, "cond": cond})
+        (want,) = oracle.run(None, {"x": x.copy(), "cond": cond.copy()})
+        assert got.shape == want.shape == (2,)
+        _assert_exact(got, want, run)

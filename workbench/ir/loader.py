@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,11 @@ class GraphBuilder:
         self.opsets = opsets
         self._fresh = itertools.count()
 
-    def build(self, gp: onnx.GraphProto, outer_names: frozenset[str] = frozenset()) -> Graph:
+    def build(self, gp: onnx.GraphProto, outer: Callable[[str], Value | None] | None = None) -> Graph:
+        """`outer(name)`: the enclosing scopes' value of that name (None: not visible);
+        a subgraph's reads of it take its type and shape, which the subgraph's own
+        value_info does not repeat (a kernel tells an omitted input by its dtype)."""
+        outer = outer or _nothing_visible
         g = Graph(name=gp.name, values=[], nodes=[], inputs=[], outputs=[], initializers={},
                   opsets=self.opsets)
         infos: dict[str, onnx.ValueInfoProto] = {}
@@ -259,14 +264,23 @@ class GraphBuilder:
         # names this graph defines itself, wherever in the node list (validation has
         # checked each is defined once and that the nodes can be ordered)
         local = set(g.by_name) | {name for np_ in gp.node for name in np_.output if name}
-        outer: dict[str, int] = {}
+        captured: dict[str, int] = {}
 
         def read(name: str) -> int:
-            if name not in local and name not in outer and name in outer_names:
-                outer[name] = value_id(name)
+            if name not in local and name not in captured:
+                source = outer(name)
+                if source is not None:
+                    captured[name] = vid = value_id(name)
+                    _inherit_type(g.values[vid], source)
             return value_id(name)
 
-        visible = outer_names | frozenset(local)
+        def visible(name: str) -> Value | None:
+            """What this graph's subgraphs see under `name`."""
+            if name in g.by_name:
+                return g.values[g.by_name[name]]
+            if name in local:  # produced by a later node: its inferred type, if any
+                return self._value(-1, name, infos.get(name))
+            return outer(name)
         for i, np_ in enumerate(gp.node):
             ins = [read(name) if name else -1 for name in np_.input]
             subgraphs, captures = {}, []
@@ -294,7 +308,7 @@ class GraphBuilder:
                 subgraphs=subgraphs, captures=tuple(cap_ids), proto=np_,
             ))
         g.outputs = [read(vi.name) for vi in gp.output]
-        g.outer_inputs = list(outer.values())
+        g.outer_inputs = list(captured.values())
         return g
 
     def _value(self, vid: int, name: str, vi: onnx.ValueInfoProto | None) -> Value:
@@ -324,6 +338,19 @@ class GraphBuilder:
         elif d.HasField("dim_param") and d.dim_param and isinstance(d.dim_param, str):
             return d.dim_param
         return f"unk_{next(self._fresh)}"
+
+
+def _nothing_visible(name: str) -> None:
+    return None
+
+
+def _inherit_type(v: Value, source: Value) -> None:
+    """An outer-scope value read inside a subgraph: the enclosing graph's type and shape,
+    where the subgraph declares none of its own."""
+    if v.dtype is None and source.dtype is not None:
+        v.elem_type, v.dtype, v.kind = source.elem_type, source.dtype, source.kind
+    if v.shape is None and source.shape is not None:
+        v.shape = source.shape
 
 
 def _tensor_to_array(t: onnx.TensorProto) -> np.ndarray:
