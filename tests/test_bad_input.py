@@ -179,3 +179,24 @@ def test_external_data_symlink_escaping_folder_is_refused(tmp_path):
 def test_external_data_from_bytes_is_refused():
     with pytest.raises(ModelLoadError, match="initializer 'w'.*external"):
         workbench.InferenceSession(_external_model("weights.bin").SerializeToString())
+
+
+def _overcommits_always() -> bool:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_overcommits_always(), reason="vm.overcommit_memory=1 grants any allocation (then OOM)")
+def test_an_impossible_shape_is_an_allocation_error_naming_the_value():
+    # 512 GiB: under load validation's 1 TiB "corrupted dim" bound, but no machine here holds it
+    shape = numpy_helper.from_array(np.array([2**19, 2**18], np.int64), "shape")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+             helper.make_node("ReduceMax", ["big"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "huge", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+                              [shape])
+    session = workbench.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(workbench.AllocationError, match=r"512.0 GiB for value 'big' \(shape \(524288, 262144\)"):
+        session.run(None, {})

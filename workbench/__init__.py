@@ -7,6 +7,7 @@ belong to `workbench.widgets` and the reports.
 from . import ops as _ops  # noqa: F401 - registers the kernels
 from .decode import DecodeInterfaceError, GenerationResult, Generator, compare
 from .errors import (
+    AllocationError,
     BackendUnavailableError,
     InputError,
     KernelError,
@@ -22,6 +23,7 @@ from .trace import Recording
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllocationError",
     "BackendUnavailableError",
     "DecodeInterfaceError",
     "GenerationResult",

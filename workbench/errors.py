@@ -32,6 +32,11 @@ class KernelError(WorkbenchError):
     """A kernel failed while running a node."""
 
 
+class AllocationError(WorkbenchError):
+    """A value's buffer could not be allocated (a declared or inferred shape too large
+    for the machine, often a corrupted or mis-declared dim)."""
+
+
 class BackendUnavailableError(WorkbenchError):
     """The requested backend (e.g. CUDA) cannot be used on this machine."""
 

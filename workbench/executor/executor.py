@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import KernelError, MechanismDivergenceError, WorkbenchError
+from ..errors import AllocationError, KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
@@ -106,7 +106,16 @@ class Executor(DecodeMemoSteps):
             return buf
         if buf is not None:
             self._resident -= buf.nbytes
-        buf = self.state.buffers[vid] = self.backend.allocate(shape, dtype)
+        try:
+            buf = self.backend.allocate(shape, dtype)
+        except (MemoryError, ValueError) as error:
+            node = self.plan.nodes[plan_index].node.label if plan_index >= 0 else "the step"
+            nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.float64))
+            raise AllocationError(
+                f"cannot allocate {nbytes / 2**30:.1f} GiB for value {self.graph.values[vid].name!r} "
+                f"(shape {tuple(shape)}, {np.dtype(dtype)}) at {node}: {type(error).__name__}: {error}. "
+                "Check the model's declared shapes and the input sizes") from error
+        self.state.buffers[vid] = buf
         self._resident += buf.nbytes
         self._peak = max(self._peak, self._resident)
         if self.recording is not None:
