@@ -343,3 +343,15 @@ def test_cli_run_takes_numeric_string_dims_as_sizes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "input  input.cache.layers.0.keys: float32[1, 2, 3, 16]" in out
     assert "output logits: float32[1, 2, 512]" in out
+
+
+def test_inputs_the_generator_cannot_feed_are_decode_interface_errors():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT8, [1, "s"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s"])])
+    session = workbench.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(workbench.DecodeInterfaceError, match=r"input 'input_ids' is int8.*int32 or int64"):
+        Generator(session).generate([300, 4], 2, progress=False)

@@ -212,7 +212,13 @@ class Generator:
         that replay graphs keep static input buffers: a fresh array every step
         would retire the graph each time.
         """
-        values = np.asarray(values, dtype=dtype)
+        try:
+            values = np.asarray(values, dtype=dtype)
+        except (OverflowError, TypeError, ValueError) as error:
+            raise DecodeInterfaceError(
+                f"input {name!r} is {np.dtype(dtype) if isinstance(dtype, (str, type, np.dtype)) else dtype}; "
+                f"cannot feed it these values ({type(error).__name__}: {error}); token ids and positions "
+                "need an int32 or int64 input") from error
         key = (name, values.shape, values.dtype.str)
         buf = self._feed_buffers.pop(key, None)
         if buf is None:

@@ -249,9 +249,13 @@ def _gqa_dims(ev: _Graph, present: str) -> tuple[dict[int, int], str] | None:
 
 
 # -- discovery ----------------------------------------------------------------------------------
-def _np_dtype(ort_type: str) -> np.dtype:
+def _np_dtype(ort_type: str, what: str = "a decoder input or output") -> np.dtype:
     name = ort_type[len("tensor("):-1] if ort_type.startswith("tensor(") else ort_type
-    return np.dtype({"float": "float32", "double": "float64"}.get(name, name))
+    try:
+        return np.dtype({"float": "float32", "double": "float64"}.get(name, name))
+    except TypeError as error:
+        raise DecodeInterfaceError(f"{what} has type {ort_type!r}, which the Generator cannot feed "
+                                   "(expected a numeric tensor)") from error
 
 
 def _fmt_shape(shape: Iterable | None) -> str:
@@ -371,7 +375,8 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
 
     for name, ((layer, kind), present) in pasts.items():
         arg, present_arg = inputs[name], outputs[present]
-        past_dtype, present_dtype = _np_dtype(arg.type), _np_dtype(present_arg.type)
+        past_dtype = _np_dtype(arg.type, f"past input {name!r}")
+        present_dtype = _np_dtype(present_arg.type, f"present output {present!r}")
         if past_dtype != present_dtype:
             problems.append((name, f"KV dtype mismatch: past input {name!r} is {past_dtype} but present output "
                                    f"{present!r} is {present_dtype}"))
@@ -383,7 +388,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
             arg = outputs[present]
             declared = list(arg.shape or [None, None, None, None])
             shape, seq_axis, note = resolve(present, present, declared)
-            kv.append(KvSlot(layer, kind, None, present, _np_dtype(arg.type), shape, seq_axis, declared, note))
+            kv.append(KvSlot(layer, kind, None, present, _np_dtype(arg.type, f"output {present!r}"), shape, seq_axis, declared, note))
     kv.sort(key=lambda s: (s.layer, s.kind))
 
     # the head size, and where it came from
@@ -409,7 +414,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
 
     used = set(by_role.values()) | set(pasts)
     other = [n for n in inputs if n not in used]
-    dtypes = {name: _np_dtype(inputs[name].type) for name in by_role.values()}
+    dtypes = {name: _np_dtype(inputs[name].type, f"input {name!r}") for name in by_role.values()}
     for role in ("input_ids", "attention_mask", "position_ids"):
         name = by_role.get(role)
         if name and dtypes[name].kind not in "iu":
@@ -429,7 +434,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
         role = next((r for r, n in by_role.items() if n == name), None)
         if role:
             how = "roles= override" if name in roles else "by name"
-            rows.append(InputRole(name, role_text[role], str(_np_dtype(arg.type)), _fmt_shape(arg.shape), how))
+            rows.append(InputRole(name, role_text[role], str(_np_dtype(arg.type, f"input {name!r}")), _fmt_shape(arg.shape), how))
         elif name in by_name:
             s = by_name[name]
             how = "kv_map= override" if name in kv_map else "by name"
@@ -439,7 +444,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
             rows.append(InputRole(name, "?", arg.type, _fmt_shape(arg.shape), "not understood"))
     for name, arg in outputs.items():
         if name == logits:
-            rows.append(InputRole(name, "logits", str(_np_dtype(arg.type)), _fmt_shape(arg.shape), "", "output"))
+            rows.append(InputRole(name, "logits", str(_np_dtype(arg.type, f"output {name!r}")), _fmt_shape(arg.shape), "", "output"))
         elif name in paired_presents or (not pasts and name in presents.values()):
             s = next(s for s in kv if s.present == name)
             role = f"present {s.kind}, layer {s.layer}" + (" (starts the cache)" if s.past is None else "")
