@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .shapes import symbols_in
+
 #: every reason a node is not captured, with what it means
 DECLINE_REASONS = {
     "capture_disabled": "capture is turned off for this session or backend",
@@ -189,7 +191,7 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
         if vid < 0 or vid in bound:
             continue
         shape = values[vid].shape
-        hit = tuple(sorted({d for d in shape or () if isinstance(d, str) and d in growing}))
+        hit = tuple(sorted({s for d in shape or () if isinstance(d, str) for s in symbols_in(d) if s in growing}))
         if hit:
             return CaptureDecline(k, "growing_symbol",
                                   f"{values[vid].name!r} has shape {list(shape)}", hit)

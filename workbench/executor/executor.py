@@ -24,7 +24,7 @@ from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
-from .shapes import bind_symbols, input_symbols, resolve
+from .shapes import bind_symbols, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
 from .views import address, is_view_of
@@ -169,7 +169,8 @@ class Executor(DecodeMemoSteps):
                     continue
                 owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
                 if shapes.get(vid) is None:
-                    if not any(isinstance(d, str) and d in self._untrusted for d in v.shape):
+                    if not any(isinstance(d, str) and not self._untrusted.isdisjoint(symbols_in(d))
+                               for d in v.shape):
                         dynamic.append((j, vid))
                 elif release:
                     lazy.append((j, owner, vid, v.dtype))

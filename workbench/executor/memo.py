@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .shapes import symbols_in
+
 #: consecutive Stage-2 signature mismatches after which the view plan is latched off
 STAGE2_MISMATCH_LIMIT = 2
 
@@ -85,7 +87,8 @@ def signature_diff(old: tuple, new: tuple) -> str:
 
 
 def shape_mentions(shape: tuple | None, symbols: frozenset[str]) -> bool:
-    return shape is not None and any(isinstance(d, str) and d in symbols for d in shape)
+    return shape is not None and any(isinstance(d, str) and not symbols.isdisjoint(symbols_in(d))
+                                     for d in shape)
 
 
 @dataclass

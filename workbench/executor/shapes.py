@@ -1,7 +1,15 @@
-"""Symbol binding from input shapes, and shape resolution by substitution."""
+"""Symbol binding from input shapes, and shape resolution by substitution.
+
+A symbolic dim is a name (`past_sequence_length`) or, as torch's dynamo exporter
+writes them, a sum of terms over names (`s53 + s70`, `2*s0 - 1`); an expression
+resolves once every name in it is bound. Anything else stays unknown until the
+kernel runs (just-in-time shapes). Expressions are parsed, never evaluated as code.
+"""
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError
@@ -51,8 +59,64 @@ def resolve(shape: tuple | None, bindings: dict[str, int]) -> tuple[int, ...] | 
     out = []
     for d in shape:
         if isinstance(d, str):
-            d = bindings.get(d)
-            if d is None:
-                return None
+            value = bindings.get(d)
+            if value is None:
+                value = evaluate(d, bindings)
+                if value is None:
+                    return None
+            d = value
         out.append(d)
     return tuple(out)
+
+
+_NAME = r"[A-Za-z_][\w.]*"
+_FACTOR = rf"(?:\d+|{_NAME})"
+_TERM = re.compile(rf"\s*([+-])\s*({_FACTOR})(?:\s*\*\s*({_FACTOR}))?\s*")
+
+
+@lru_cache(maxsize=4096)
+def expression_terms(dim: str) -> tuple[tuple[int, str | int, str | int], ...] | None:
+    """`s53 + s70` -> ((1, 's53', 1), (1, 's70', 1)); None when `dim` is a plain name
+    or not a sum of (optionally scaled) names and integers."""
+    text = dim.strip()
+    if re.fullmatch(_NAME, text):
+        return None
+    if not text.startswith(("+", "-")):
+        text = "+" + text
+    terms, pos = [], 0
+    while pos < len(text):
+        m = _TERM.match(text, pos)
+        if m is None:
+            return None
+        sign, a, b = m.groups()
+        terms.append((1 if sign == "+" else -1, _atom(a), _atom(b) if b is not None else 1))
+        pos = m.end()
+    return tuple(terms)
+
+
+def _atom(token: str) -> str | int:
+    return int(token) if token.isdigit() else token
+
+
+def evaluate(dim: str, bindings: dict[str, int]) -> int | None:
+    """The value of an expression dim under `bindings`, or None."""
+    terms = expression_terms(dim)
+    if terms is None:
+        return None
+    total = 0
+    for sign, a, b in terms:
+        a = bindings.get(a) if isinstance(a, str) else a
+        b = bindings.get(b) if isinstance(b, str) else b
+        if a is None or b is None:
+            return None
+        total += sign * a * b
+    return total if total >= 0 else None
+
+
+@lru_cache(maxsize=4096)
+def symbols_in(dim: str) -> frozenset[str]:
+    """The names a symbolic dim depends on (itself, for a plain name)."""
+    terms = expression_terms(dim)
+    if terms is None:
+        return frozenset((dim,))
+    return frozenset(x for _, a, b in terms for x in (a, b) if isinstance(x, str))
