@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.trace.memory_planner import validate_plan
 from workbench.trace import (
     BufferEvent,
     InPlaceAlias,
@@ -26,6 +25,7 @@ from workbench.trace import (
     ViewCreated,
 )
 from workbench.trace.memory import liveness_intervals
+from workbench.trace.memory_planner import validate_plan
 
 # A 6-node graph:  h = MatMul(x, w); h_r = Reshape(h) [view]; h_t = Transpose(h_r) [view of h];
 # g = Relu(h_t) (needs h_t contiguous); s = Sigmoid(g); y = Add(s, x) computed in place into s.
