@@ -151,9 +151,6 @@ def test_matmul_nbits_int8_block_size_table(bits, block_size):
     assert (fp32_gap > 30 * REL_TOL) == ((bits, block_size) in INT8_PAIRS), fp32_gap
 
 
-@pytest.mark.xfail(strict=True, reason="NodeInfo does not say which inputs are initializers "
-                   "(constant_inputs holds only <= 64-element ones), so the kernel assumes B is one "
-                   "and quantizes A; onnxruntime computes a run-time B in float32")
 def test_matmul_nbits_level4_with_runtime_weights_computes_in_float32():
     """A B fed at run time is never prepacked: onnxruntime takes the float32 path."""
     r = rng_for("nbits_runtime_b")

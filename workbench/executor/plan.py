@@ -109,9 +109,11 @@ def _cache_key(spec: KernelSpec, info: NodeInfo) -> Any:
         consts = tuple(sorted((i, _freeze(v)) for i, v in info.constant_inputs.items()))
     except TypeError:
         return None
+    # weights by identity: each initializer array lives as long as the session's graph
+    weights = tuple(sorted((i, id(v)) for i, v in info.initializer_inputs.items()))
     return (id(spec), info.domain, info.op_type, info.opset, info.input_dtypes,
             info.output_dtypes, info.input_shapes, info.output_shapes, info.output_used,
-            attrs, consts)
+            attrs, consts, weights)
 
 
 def _freeze(v: Any) -> Any:
@@ -140,6 +142,8 @@ def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable 
         xp=xp, subgraphs=node.subgraphs,
         constant_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
                          if i in graph.initializers and graph.initializers[i].size <= SMALL_CONSTANT},
+        initializer_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
+                            if i in graph.initializers},
     )
     info.capture_names = tuple(vals[c].name for c in node.captures)
     info.make_subgraph_runner = make_subgraph_runner

@@ -80,12 +80,12 @@ def uses_int8_compute(info: NodeInfo) -> bool:
         return False
     if dtypes[3] is not None and np.dtype(dtypes[3]) != np.uint8:  # float zero points
         return False
-    # onnxruntime takes this path only for initializer B / scales / zero points. NodeInfo
-    # cannot say so: `constant_inputs` holds only initializers of <= 64 elements
-    # (executor/plan.py), so an absent B may still be an initializer. Every export feeds
-    # them as initializers, so assume that; a B fed at run time at level 4 (onnxruntime:
-    # float32) is the one known divergence (xfail in tests/test_quant_ops_ort.py).
-    return True
+    # onnxruntime prepacks, and so takes this path, only for initializer B / scales / zero
+    # points; a B fed at run time is computed in float32
+    weights = info.initializer_inputs
+    if not (1 in weights and 2 in weights):
+        return False
+    return dtypes[3] is None or 3 in weights
 
 
 def fake_quantize_blocks(xp: Any, a: Any, block_size: int) -> Any:
@@ -161,7 +161,7 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
 
     int8_compute = uses_int8_compute(info)
     cached_wt = None
-    const = info.constant_inputs
+    const = info.initializer_inputs  # the weights, laid out once below
     if 1 in const and 2 in const and N * K <= _CACHE_LIMIT_ELEMENTS:
         zp_present = len(info.input_dtypes) > 3 and info.input_dtypes[3] is not None
         gi_present = len(info.input_dtypes) > 4 and info.input_dtypes[4] is not None

@@ -69,8 +69,12 @@ class NodeInfo:
     xp: Any = np
     #: subgraphs (If/Loop/Scan bodies) by attribute name, as workbench.ir Graphs
     subgraphs: dict[str, Any] = field(default_factory=dict)
-    #: constant inputs known at build time (initializers), by input position
+    #: small constant inputs known at build time (initializers of <= 64 elements, e.g.
+    #: shapes and axes a builder parses once), by input position
     constant_inputs: dict[int, np.ndarray] = field(default_factory=dict)
+    #: every input that is an initializer, whatever its size (weights a builder may lay
+    #: out once, e.g. dequantized), by input position; shared, never to be written
+    initializer_inputs: dict[int, np.ndarray] = field(default_factory=dict)
     #: names of the outer-scope values a control-flow node's subgraphs read; their
     #: arrays arrive after the formal inputs, in this order
     capture_names: tuple[str, ...] = ()
