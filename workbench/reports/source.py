@@ -36,6 +36,9 @@ OPTIONAL_TABLES: dict[str, str] = {
     "capture_declines": "capture_declines",
     "capture_events": "capture_events",
     "tokens": "tokens",
+    "divergences": "divergences",
+    "shadow_checks": "shadow",
+    "io_buffers": "io_buffers",
 }
 
 

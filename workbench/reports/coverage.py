@@ -1,0 +1,173 @@
+"""Capture coverage (how much of each step ran inside device graphs) and what the seams cost.
+
+    reports.capture_coverage(rec)   # per step and slot: nodes and time replayed / eager / host fallback
+    reports.seam_costs(rec)         # per seam (or per decline reason): µs per token, share of step time
+
+Both read the node timings (`Recording.node_timings`), the static plan (kernel kind)
+and, for seams, the capture declines in force at each step -- nothing else, so a
+saved recording answers the same as a live one. A replayed segment's time is
+measured once and shared evenly by its nodes (`Recording.node_span`), so per-node
+replayed time is an even split; totals per step are exact.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .capture import as_of
+from .source import Frames, as_frames
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..trace import Recording
+
+__all__ = ["COVERAGE_KINDS", "capture_coverage", "decode_coverage", "seam_costs", "tokens_per_step"]
+
+#: what a node execution counts as: replayed (inside a device graph), eager (dispatched,
+#: native kernel), host_fallback (the onnx.reference kernel, whatever its mode), elided (Stage 2)
+COVERAGE_KINDS = ("replayed", "eager", "host_fallback", "elided")
+
+
+def _kinds(f: Frames) -> pd.DataFrame:
+    """node_timings + `kind` (one of COVERAGE_KINDS) per execution."""
+    t = f.get("node_timings")
+    nodes = f.get("nodes")
+    fallback = set(nodes.loc[nodes["kernel"] == "host_fallback", "plan_index"].tolist())
+    kind = np.where(t["plan_index"].isin(fallback), "host_fallback", t["mode"].to_numpy(dtype=object))
+    return t.assign(kind=kind)
+
+
+def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
+    """Per step (and its slot, phase): how the plan's nodes ran, as counts, time and shares.
+
+    Columns: step, slot, phase, nodes (executions), time_us (their summed time), then
+    for each kind in `COVERAGE_KINDS` (replayed, eager, host_fallback, elided):
+    `<kind>_nodes`, `<kind>_us`, `<kind>_share` (of the step's node executions) and
+    `<kind>_time_share` (of its node time). A node whose kernel is the host fallback
+    counts as host_fallback (not eager). Shares of one step sum to 1 (NaN for a step
+    with no node executions recorded).
+    """
+    f = as_frames(src)
+    t = _kinds(f)
+    steps = f.get("steps")[["step", "slot", "phase"]].reset_index(drop=True)
+    out = steps.copy()
+    counts = t.groupby(["step", "kind"]).size().unstack(fill_value=0)
+    times = t.groupby(["step", "kind"])["duration_us"].sum().unstack(fill_value=0.0)
+    n = counts.sum(axis=1).reindex(out["step"]).fillna(0).astype("int64").to_numpy()
+    total = times.sum(axis=1).reindex(out["step"]).fillna(0.0).to_numpy()
+    out["nodes"] = n
+    out["time_us"] = total
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for k in COVERAGE_KINDS:
+            c = (counts[k] if k in counts else pd.Series(dtype="int64")).reindex(out["step"]).fillna(0)
+            us = (times[k] if k in times else pd.Series(dtype=float)).reindex(out["step"]).fillna(0.0)
+            out[f"{k}_nodes"] = c.astype("int64").to_numpy()
+            out[f"{k}_us"] = us.to_numpy()
+            out[f"{k}_share"] = np.where(n > 0, c.to_numpy() / np.maximum(n, 1), np.nan)
+            out[f"{k}_time_share"] = np.where(total > 0, us.to_numpy() / np.where(total > 0, total, 1), np.nan)
+    return out
+
+
+def decode_coverage(src: Recording | Frames, phases: tuple[str, ...] = ("decode",)) -> dict:
+    """One time-weighted figure for the decode: the share of node time spent in replayed
+    device graphs over every step of `phases` (and node-weighted, for comparison).
+
+    Returns {"steps", "time_share" (replayed µs / all node µs), "node_share", and
+    "<kind>_time_share" for each kind}; shares are None when no such step ran.
+    """
+    cov = capture_coverage(src)
+    d = cov[cov["phase"].isin(phases)]
+    total, n = float(d["time_us"].sum()), int(d["nodes"].sum())
+    out: dict = {"steps": len(d)}
+    for k in COVERAGE_KINDS:
+        out[f"{k}_time_share"] = float(d[f"{k}_us"].sum()) / total if total > 0 else None
+        out[f"{k}_node_share"] = int(d[f"{k}_nodes"].sum()) / n if n else None
+    out["time_share"] = out["replayed_time_share"]
+    out["node_share"] = out["replayed_node_share"]
+    return out
+
+
+def tokens_per_step(src: Recording | Frames) -> pd.Series:
+    """step -> tokens the step produced (the tokens table; 1 per step when no Generator
+    recorded tokens, 0 for a step that produced none)."""
+    f = as_frames(src)
+    steps = f.get("steps")["step"]
+    tok = f.optional("tokens")
+    if tok is None or tok.empty:
+        return pd.Series(1, index=pd.Index(steps, name="step"), dtype="int64")
+    return tok.groupby("step").size().reindex(steps, fill_value=0).astype("int64").rename_axis("step")
+
+
+SEAM_COLUMNS = ["slot", "reason", "plan_index", "node", "op_type", "segment", "steps", "tokens",
+                "total_us", "us_per_token", "share_of_step", "detail"]
+REASON_COLUMNS = ["slot", "reason", "seams", "op_types", "steps", "tokens", "total_us", "us_per_token",
+                  "share_of_step"]
+
+
+def seam_costs(src: Recording | Frames, by: str = "seam",
+               phases: tuple[str, ...] = ("decode", "verify")) -> pd.DataFrame:
+    """What the eager seams cost: declines ⨝ segments ⨝ node timings, most expensive first.
+
+    Over every step of `phases` that has a capture segmentation in force (the
+    declines recorded at or before it, for its slot), each seam node's eager time at
+    that step is summed. `by="seam"` (default): one row per (slot, seam node):
+    `SEAM_COLUMNS` -- reason (the decline code), plan_index, node, op_type, segment,
+    steps (measured), tokens (they produced), total_us, us_per_token, share_of_step
+    (seam time / the steps' wall time), detail. A `capture_disabled` decline (capture
+    off: plan_index -1) is charged every node's time. `by="reason"`: one row per
+    (slot, reason): `REASON_COLUMNS` (seams = distinct seam nodes, op_types).
+    Sorted by us_per_token, highest first. Empty (with the columns) when no capture
+    segmentation was recorded.
+    """
+    if by not in ("seam", "reason"):
+        raise ValueError(f"seam_costs(by={by!r}): use 'seam' or 'reason'")
+    f = as_frames(src)
+    dec = f.optional("capture_declines")
+    cols = SEAM_COLUMNS if by == "seam" else REASON_COLUMNS
+    if dec is None or dec.empty:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
+    steps = f.get("steps")
+    steps = steps[steps["phase"].isin(phases)]
+    tokens = tokens_per_step(f)
+    t = f.get("node_timings")
+    t_by_step = {s: g for s, g in t.groupby("step")}
+    rows = []
+    for r in steps.itertuples(index=False):
+        d = as_of(dec, int(r.step), r.slot)
+        if d.empty:
+            continue
+        times = t_by_step.get(int(r.step))
+        if times is None:
+            continue
+        per_node = times.groupby("plan_index")["duration_us"].sum()
+        wall_us = float(r.wall_ms) * 1e3 if pd.notna(r.wall_ms) else float(per_node.sum())
+        for x in d.itertuples(index=False):
+            p = int(x.plan_index) if pd.notna(x.plan_index) else -1
+            us = float(per_node.sum()) if p < 0 else float(per_node.get(p, 0.0))
+            rows.append((r.slot, x.reason, p, x.node or "", x.op_type or "", x.segment, int(r.step),
+                         int(tokens.get(int(r.step), 1)), us, wall_us, x.detail))
+    raw = pd.DataFrame(rows, columns=["slot", "reason", "plan_index", "node", "op_type", "segment", "step",
+                                      "tokens", "us", "wall_us", "detail"])
+    if raw.empty:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
+    if by == "seam":
+        g = raw.groupby(["slot", "plan_index"], sort=False)
+        out = g.agg(reason=("reason", "last"), node=("node", "last"), op_type=("op_type", "last"),
+                    segment=("segment", "last"), steps=("step", "nunique"), tokens=("tokens", "sum"),
+                    total_us=("us", "sum"), wall_us=("wall_us", "sum"), detail=("detail", "last")).reset_index()
+    else:
+        # tokens and wall time once per step, however many seams the step had
+        per_step = raw.drop_duplicates(["slot", "reason", "step"])
+        g = raw.groupby(["slot", "reason"], sort=False)
+        out = g.agg(seams=("plan_index", "nunique"),
+                    op_types=("op_type", lambda s: ", ".join(sorted({str(v) for v in s if v}))),
+                    steps=("step", "nunique"), total_us=("us", "sum")).reset_index()
+        ps = per_step.groupby(["slot", "reason"], sort=False).agg(tokens=("tokens", "sum"),
+                                                                  wall_us=("wall_us", "sum")).reset_index()
+        out = out.merge(ps, on=["slot", "reason"])
+    out["us_per_token"] = out["total_us"] / out["tokens"].where(out["tokens"] > 0)
+    out["share_of_step"] = out["total_us"] / out["wall_us"].where(out["wall_us"] > 0)
+    out = out.sort_values(["us_per_token", "total_us"], ascending=False, kind="stable", na_position="last")
+    return out[cols].reset_index(drop=True)

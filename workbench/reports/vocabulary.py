@@ -1,0 +1,111 @@
+"""One vocabulary for every frame, and a glossary of the jargon the reports use.
+
+Frames built in `workbench.trace.frames` predate this table and name a few things
+differently (`node_timings()`, `views()` and `materializations()` call the op type
+`op`; `nodes()` calls the node's name `name`). `canonical(frame)` renames those
+columns to the shared vocabulary (`COLUMNS`); every frame `workbench.reports` builds
+already uses it. `workbench/reports/README.md` has the same table for people.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["ALIASES", "COLUMNS", "DECLINE_REASONS", "GLOSSARY", "canonical", "explain"]
+
+#: column name -> what it means, in every frame of `workbench.reports`
+COLUMNS: dict[str, str] = {
+    "step": "index of the run (one decode step) in the Recording, 0, 1, 2, ...",
+    "slot": "which captured-graph slot ran the step: primary (M=1 decode) or verify (speculative M=k+1)",
+    "phase": "prefill | decode | verify (as the Generator named the run)",
+    "plan_index": "the node's position in the execution plan (-1: before any node; n_nodes: after the last)",
+    "node": "the node's name",
+    "op_type": "the node's ONNX op type (MatMul, Reshape, GroupQueryAttention, ...)",
+    "kernel": "native | host_fallback (the node runs on onnx.reference on the host)",
+    "mode": "what a node did at a step: eager (dispatched) | replayed (inside a device graph) | elided (Stage 2)",
+    "value": "a value's name (tensor name in the ONNX graph)",
+    "value_id": "the executor's id of a value (joins with values())",
+    "bytes": "bytes of storage (0 for a view or an in-place alias: they own none)",
+    "duration_us": "time in microseconds (a replayed segment's time is shared evenly by its nodes)",
+    "reason": "a structured reason code (capture declines: DECLINE_REASONS)",
+    "detail": "the reason in words, naming the value / input it is about",
+    "segment": "index of a capture segment within the step's segment plan",
+    "share": "a fraction in [0, 1]; the shares of one breakdown sum to 1",
+    "us_per_token": "microseconds per generated token",
+    "aspect": "diff: which part of the recordings a row compares",
+    "item": "diff: the thing compared (a node, a symbol, a reason, a metric)",
+    "a": "diff: the value in the first recording / step",
+    "b": "diff: the value in the second recording / step",
+    "changed": "diff: whether a and b differ",
+}
+
+#: (frame, its column) -> the vocabulary's name for it
+ALIASES: dict[tuple[str, str], str] = {
+    ("node_timings", "op"): "op_type",
+    ("views", "op"): "op_type",
+    ("materializations", "op"): "op_type",
+    ("nodes", "name"): "node",
+    ("views", "producer"): "node",
+}
+
+#: capture decline reason codes, as `workbench.executor.capture.DECLINE_REASONS` documents
+#: them (a test keeps the two in step; reports may not import the executor)
+DECLINE_REASONS: dict[str, str] = {
+    "capture_disabled": "capture is turned off for this session or backend",
+    "host_fallback_kernel": "the node runs on the onnx.reference host fallback",
+    "host_read": "the kernel reads an input's values on the host",
+    "data_dependent_shape": "the output shape depends on input values",
+    "control_flow": "If/Loop/Scan: the subgraph to run is chosen on the host",
+    "sequence_value": "a sequence, optional or map value has no fixed device buffer",
+    "growing_symbol": "a shape references a KV / sequence length that grows every step",
+    "unresolved_shape": "an output shape is unknown before the kernel runs",
+    "quarantined_op": "this op type broke a recording earlier and is kept eager",
+    "kernel_declined": "the kernel declared itself not capturable",
+    "segment_too_short": "the capturable run is shorter than min_segment_nodes",
+    "host_only_dtype": "the value's dtype (e.g. strings) lives on the host only",
+}
+
+#: jargon -> a sentence (the HTML report and the widgets show these on hover)
+GLOSSARY: dict[str, str] = {
+    **{code: f"capture decline: {text}" for code, text in DECLINE_REASONS.items()},
+    "host_read": "capture decline: the kernel reads an input's values on the host (e.g. a Reshape's shape "
+                 "tensor), which a device graph cannot do while it replays",
+    "growing_symbol": "capture decline: a shape references a length that grows every decode step (the KV "
+                      "length), so a graph recorded at one length cannot replay at the next",
+    "host_fallback": "the node has no native kernel and runs on onnx.reference on the host (slow, never captured)",
+    "primary": "slot primary: the captured graphs for ordinary one-token decode steps (M=1)",
+    "verify": "slot verify: the captured graphs for speculative verify runs (M=k+1 tokens at once)",
+    "slot": "a set of captured graphs with its own bookkeeping: primary (M=1 decode) or verify (M=k+1)",
+    "Stage 2": "the memo's cached view plan: view nodes whose views were seen identical twice are not "
+               "dispatched on a matching replay; their views are reinstated (dispatch elided)",
+    "elided": "mode elided: Stage 2 reinstated the node's view without dispatching the node",
+    "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
+    "eager": "mode eager: the node was dispatched on its own, one kernel launch",
+    "seam": "an eager node between captured segments; every seam has a decline reason",
+    "primed": "memo primed: the first observation of a binding signature (nothing to reuse yet)",
+    "rebuilt": "memo rebuilt: two consecutive steps diffed; symbols that changed are varying",
+    "memo replayed": "memo replayed: invariant shapes reused, only the varying tail re-resolved",
+    "view": "a value that shares its owner's buffer (shape, strides, byte offset): no copy",
+    "alias": "an in-place write: the value was computed into a dead input's buffer",
+    "pinned": "a buffer with a live view: never released or written in place for the rest of the run",
+    "lower bound": "the most activation bytes live at once: no allocator can do with less",
+    "planner peak": "the arena a liveness-based allocator needs for the step's activations",
+    "one buffer per value": "the bytes of every activation's own buffer, never reused",
+}
+
+
+def explain(term: str) -> str | None:
+    """The glossary sentence for `term` (a reason code, a mode, a slot...), or None."""
+    return GLOSSARY.get(term)
+
+
+def canonical(frame: pd.DataFrame, name: str | None = None) -> pd.DataFrame:
+    """`frame` with its columns renamed to the vocabulary (`ALIASES`); `name` says which
+    frame it is (`node_timings`, `views`, ...); without it every known alias applies when
+    the canonical name is not already a column."""
+    renames = {}
+    for (fname, col), canon in ALIASES.items():
+        if (name is None or fname == name) and col in frame.columns and canon not in frame.columns \
+                and col != canon:
+            renames[col] = canon
+    return frame.rename(columns=renames)
