@@ -99,8 +99,9 @@ def workbench_session(case: Case) -> workbench.InferenceSession:
     switches = {k: bool(case.options.get(k, False)) for k in SWITCHES}
     # the suite's conftest turns memo verification on by default; the fuzzer tests the
     # unverified behaviour, so every switch is passed explicitly
+    level = "all" if case.options.get("graph_optimization", True) else "disabled"
     opts = workbench.SessionOptions(**switches, trace=bool(case.options.get("trace", False)),
-                                    decode_memo_verify=False, shadow="off")
+                                    decode_memo_verify=False, shadow="off", graph_optimization_level=level)
     return workbench.InferenceSession(case.model.SerializeToString(), options=opts)
 
 

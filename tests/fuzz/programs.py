@@ -243,6 +243,7 @@ class _Gen:
         outputs = self._sinks() + list(feedback.values()) + list(aliased.values())
         options = {s: self.d.bool() for s in SWITCHES}
         options["trace"] = self.d.bool()
+        options["graph_optimization"] = self.d.bool()  # "all" (load-time folding) or "disabled"
         prog = Program(self.inputs, self.ops, outputs, self.steps, options, [],
                        iobinding, feedback, aliased, self.sym_range)
         prog.slots = schedule(self.d.choice(SCHEDULES), self.steps, self.d)
@@ -649,7 +650,10 @@ class _Gen:
         if numel_max(dims, self.sym_range) > 96:
             return None
         ins = [a.name] + ([b.name] if b is not None else [])
-        return self.emit("matmul", ins, [self.out(dims, a.bound * other * self.hi(k))], const=const)
+        # a constant weight sometimes arrives transposed (tied embeddings do): the
+        # load-time optimizer folds Transpose(initializer) into a new initializer
+        return self.emit("matmul", ins, [self.out(dims, a.bound * other * self.hi(k))], const=const,
+                         fold=const is not None and self.d.bool(0.4))
 
     def _op_softmax(self):
         v = self.pick(lambda v: len(v.dims) >= 1)
@@ -860,7 +864,13 @@ def _build_op(op: Op, b: _Builder) -> None:
         else:
             b.node(a["op"], ins, out, axes=a["axes"], keepdims=a["keepdims"])
     elif kind == "matmul":
-        b.node("MatMul", [ins[0], ins[1] if a["const"] is None else b.const(a["const"])], out)
+        if a["const"] is None:
+            weight = ins[1]
+        elif a.get("fold"):
+            weight = b.node("Transpose", [b.const(np.ascontiguousarray(a["const"].T))])[0]
+        else:
+            weight = b.const(a["const"])
+        b.node("MatMul", [ins[0], weight], out)
     elif kind == "softmax":
         b.node("Softmax", ins, out, axis=a["axis"])
     elif kind == "kv_concat":

@@ -49,6 +49,10 @@ class SessionOptions:
     capture: bool = _flag("WORKBENCH_CAPTURE", True)
     #: captured segments shorter than this many compute nodes stay eager
     min_segment_nodes: int = 2
+    #: load-time graph rewrites, as onnxruntime's levels: "disabled", "basic",
+    #: "extended", "all" (WORKBENCH_GRAPH_OPTIMIZATION); see `executor.optimize`
+    graph_optimization_level: str = field(
+        default_factory=lambda: os.environ.get("WORKBENCH_GRAPH_OPTIMIZATION", "all"))
     #: Stage 2 of the memo, the cached view plan: a replay reinstates validated views
     #: instead of dispatching their layout nodes (WORKBENCH_VIEW_PLAN; needs decode_memo
     #: and views)
@@ -64,11 +68,17 @@ class SessionOptions:
 
     def __post_init__(self) -> None:
         self.shadow = _shadow_mode(self.shadow)
+        level = str(self.graph_optimization_level).strip().lower()
+        if level not in GRAPH_OPTIMIZATION_LEVELS:
+            raise ValueError(f"graph_optimization_level must be one of {GRAPH_OPTIMIZATION_LEVELS}, "
+                             f"got {self.graph_optimization_level!r}")
+        self.graph_optimization_level = level
         if not 0.0 <= float(self.shadow_fraction) <= 1.0:
             raise ValueError(f"shadow_fraction must be within 0..1, got {self.shadow_fraction!r}")
 
 
 SHADOW_MODES = ("off", "record", "raise")
+GRAPH_OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 
 
 def _shadow_mode(raw: str | bool | None) -> str:

@@ -12,6 +12,7 @@ from ..dtypes import ort_type_string
 from ..errors import InputError
 from ..executor import Executor
 from ..executor.describe import plan_rows, value_rows
+from ..executor.optimize import optimize, rewrite_rows
 from ..ir import load_graph
 from ..ir.graph import Value
 from ..trace import Recording
@@ -42,13 +43,18 @@ class InferenceSession:
     def __init__(self, model: Any, options: SessionOptions | None = None, backend: str = "cpu"):
         self.options = options or SessionOptions()
         self.backend = get_backend(backend)
-        self.graph, self.model_proto = load_graph(model)
+        #: the graph as loaded from the model, before load-time rewrites
+        self.loaded_graph, self.model_proto = load_graph(model)
+        #: the graph that runs: `loaded_graph` after `options.graph_optimization_level`
+        self.graph, self.rewrites = optimize(self.loaded_graph, self.options.graph_optimization_level)
         self.executor = Executor(self.graph, self.backend, options=self.options)
         #: the live Recording of every run (None when `options.trace` is off)
         self.recording: Recording | None = None
         if self.options.trace:
             self.recording = Recording()
             self.recording.set_static(plan_rows(self.plan), value_rows(self.graph))
+            for row in rewrite_rows(self.rewrites):
+                self.recording.add_row("rewrites", step=-1, **row)
             self.executor.recording = self.recording
         values = self.graph.values
         self._inputs = [values[v] for v in self.graph.inputs]

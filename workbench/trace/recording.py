@@ -507,6 +507,15 @@ class Recording:
             "step", "slot", "plan_index", "node", "op_type", "value", "mechanism", "max_abs_err",
             "shape_expected", "shape_got"])
 
+    def rewrites(self) -> pd.DataFrame:
+        """What the load-time optimizer changed (`SessionOptions.graph_optimization_level`):
+        `rule` (constant_folding, dead_node, unused_initializer), `original_nodes`,
+        `original_ops` (the loaded graph's nodes replaced or removed), `result` (the
+        initializers standing in their place), `nodes_saved`, `bytes_delta` (resident
+        bytes added, negative when freed)."""
+        return self._named_table("rewrites", ["rule", "original_nodes", "original_ops", "result",
+                                              "nodes_saved", "bytes_delta"])
+
     def shadow_checks(self) -> pd.DataFrame:
         """One row per shadowed step: `step, slot, checked, divergences, mechanisms`
         (which mechanisms served that step)."""

@@ -1,0 +1,169 @@
+"""Load-time graph rewrites, levels as onnxruntime names them, each one recorded.
+
+`optimize(graph, level)` returns a new `Graph` (the loaded one stays as it was) and
+the list of `Rewrite`s it made, so a user sees what ran differently from the model
+file and why:
+
+- ``constant_folding``: a node whose inputs are all initializers runs once, here; its
+  outputs become initializers. Tied embeddings read `Transpose(lm_head)`: folded,
+  the Gather reads a contiguous table instead of a strided 100 MB view every step.
+- ``dead_node``: a node none of whose outputs is read (after folding, or in the file).
+- ``unused_initializer``: weights nothing reads any more, released.
+
+Levels: ``disabled``; ``basic``, ``extended`` and ``all`` make the rewrites above
+(no fusion rule exists yet, so the upper levels add nothing; the names mirror
+onnxruntime's `GraphOptimizationLevel` so one setting means the same in both).
+Folding uses the workbench's own kernels, the ones a run would use, so a folded
+value is the value the unfolded graph computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import WorkbenchError
+from ..ir.graph import Graph, Node
+from ..ops import registry
+from .options import GRAPH_OPTIMIZATION_LEVELS
+from .plan import node_info
+
+LEVELS = GRAPH_OPTIMIZATION_LEVELS
+
+#: ops whose value is not a function of their inputs
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                               "Bernoulli", "Multinomial"})
+#: a folded result may be at most this many times its inputs' bytes (plus a little):
+#: folding must not turn a small ConstantOfShape / Expand into a big resident tensor
+_GROWTH, _SLACK_BYTES = 4, 1 << 16
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    rule: str
+    #: the loaded graph's nodes the rewrite replaced or removed
+    original_nodes: tuple[str, ...]
+    original_ops: tuple[str, ...]
+    #: what stands in their place: initializer names, or "" when simply removed
+    result: str
+    nodes_saved: int
+    #: resident bytes the rewrite adds (a folded initializer) or frees (negative)
+    bytes_delta: int
+
+
+def check_level(level: str) -> str:
+    text = str(level).strip().lower()
+    if text not in LEVELS:
+        raise ValueError(f"graph_optimization_level must be one of {LEVELS}, got {level!r}")
+    return text
+
+
+def optimize(graph: Graph, level: str) -> tuple[Graph, list[Rewrite]]:
+    """The rewritten graph and what was rewritten (the input graph is not changed)."""
+    if check_level(level) == "disabled":
+        return graph, []
+    out = dataclasses.replace(graph, values=list(graph.values), nodes=list(graph.nodes),
+                              initializers=dict(graph.initializers), by_name=dict(graph.by_name))
+    rewrites = _fold_constants(out)
+    rewrites += _drop_dead_nodes(out)
+    rewrites += _drop_unused_initializers(out)
+    out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
+    return out, rewrites
+
+
+def _foldable(graph: Graph, node: Node, outputs: set[int]) -> bool:
+    if node.subgraphs or node.captures or node.op_type in _NONDETERMINISTIC:
+        return False
+    if not all(i < 0 or i in graph.initializers for i in node.inputs):
+        return False
+    outs = [o for o in node.outputs if o >= 0]
+    return bool(outs) and not any(o in outputs for o in outs) and all(
+        graph.values[o].kind == "tensor" for o in outs)
+
+
+def _fold_constants(graph: Graph) -> list[Rewrite]:
+    rewrites = []
+    graph_outputs = set(graph.outputs)
+    kept = []
+    for node in graph.nodes:
+        folded = _fold(graph, node) if _foldable(graph, node, graph_outputs) else None
+        if folded is None:
+            kept.append(node)
+            continue
+        for vid, array in folded.items():
+            graph.initializers[vid] = array
+            v = graph.values[vid]
+            graph.values[vid] = dataclasses.replace(v, dtype=array.dtype, shape=tuple(array.shape))
+        names = ", ".join(graph.values[v].name for v in folded)
+        rewrites.append(Rewrite("constant_folding", (node.name,), (node.op_type,), names, 1,
+                                sum(a.nbytes for a in folded.values())))
+    graph.nodes = kept
+    return rewrites
+
+
+def _fold(graph: Graph, node: Node) -> dict[int, np.ndarray] | None:
+    """Run the node's own kernel on its initializers; None when that is not possible
+    or not worth it."""
+    info = node_info(graph, node, np, None)
+    spec = registry.find_native(info)
+    if spec is None:
+        return None  # the host fallback: leave it to run time, where it is reported
+    ins = [graph.initializers[i] if i >= 0 else None for i in node.inputs]
+    try:
+        results = spec.build(info)(ins, [None] * len(node.outputs))
+    except WorkbenchError:
+        return None
+    except Exception:  # noqa: BLE001 - a kernel that fails here fails at run time, with its node named
+        return None
+    budget = _GROWTH * sum(a.nbytes for a in ins if a is not None) + _SLACK_BYTES
+    folded: dict[int, np.ndarray] = {}
+    for vid, r in zip(node.outputs, results):
+        if vid < 0:
+            continue
+        if not isinstance(r, np.ndarray):
+            return None
+        v = graph.values[vid]
+        if v.dtype is not None and r.dtype != v.dtype:
+            r = r.astype(v.dtype)
+        folded[vid] = np.array(r, order="C", copy=True)  # never a view of another weight (and 0-d stays 0-d)
+    if sum(a.nbytes for a in folded.values()) > budget:
+        return None
+    return folded
+
+
+def _readers(graph: Graph) -> set[int]:
+    read = set(graph.outputs)
+    for node in graph.nodes:
+        read.update(i for i in (*node.inputs, *node.captures) if i >= 0)
+    return read
+
+
+def _drop_dead_nodes(graph: Graph) -> list[Rewrite]:
+    rewrites = []
+    while True:
+        read = _readers(graph)
+        dead = [n for n in graph.nodes if not any(o >= 0 and o in read for o in n.outputs)]
+        if not dead:
+            return rewrites
+        gone = {id(n) for n in dead}
+        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+        rewrites += [Rewrite("dead_node", (n.name,), (n.op_type,), "", 1, 0) for n in dead]
+
+
+def _drop_unused_initializers(graph: Graph) -> list[Rewrite]:
+    read = _readers(graph)
+    unused = [vid for vid in graph.initializers if vid not in read]
+    rewrites = []
+    for vid in unused:
+        array = graph.initializers.pop(vid)
+        rewrites.append(Rewrite("unused_initializer", (), (), graph.values[vid].name, 0, -array.nbytes))
+    return rewrites
+
+
+def rewrite_rows(rewrites: list[Rewrite]) -> list[dict[str, Any]]:
+    """One row per rewrite, for the recording's `rewrites` table."""
+    return [{"rule": r.rule, "original_nodes": list(r.original_nodes), "original_ops": list(r.original_ops),
+             "result": r.result, "nodes_saved": r.nodes_saved, "bytes_delta": r.bytes_delta} for r in rewrites]
