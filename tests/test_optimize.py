@@ -94,3 +94,19 @@ def test_an_unknown_level_is_refused(monkeypatch):
         SessionOptions(graph_optimization_level="aggressive")
     monkeypatch.setenv("WORKBENCH_GRAPH_OPTIMIZATION", "disabled")
     assert SessionOptions().graph_optimization_level == "disabled"
+
+
+def test_genai_tied_embeddings_fold_and_decode_token_exact():
+    from workbench import Generator, models
+    from workbench.models.exports import tied_embeddings
+
+    data = tied_embeddings(models.llama("tiny", flavor="genai")).SerializeToString()
+    session = workbench.InferenceSession(data, SessionOptions(shadow="raise", decode_memo_verify=False))
+    assert session.recording.rewrites().original_nodes.tolist() == [["/model/embed_tokens/tied/Transpose"]]
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    peer = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    for kv in ("growing", "fixed"):
+        a = Generator(session).generate(list(range(3, 11)), 16, progress=False, eos_token_id=-1, kv=kv)
+        b = Generator(peer).generate(list(range(3, 11)), 16, progress=False, eos_token_id=-1, kv=kv)
+        assert a.tokens == b.tokens

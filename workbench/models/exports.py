@@ -288,6 +288,32 @@ def transformers_export(directory: str | Path, size: str = "tiny", seed: int = 0
     return out
 
 
+def tied_embeddings(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The embedding table read as `Transpose(lm_head weight)`, as onnxruntime-genai's
+    builder writes tied embeddings: the separate table goes, the Gather reads the
+    transposed projection (float lm_head only)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits)
+    head = next(n for n in graph.node if n.op_type == "MatMul" and n.name.startswith("/lm_head"))
+    weight = head.input[1]
+    table = inits[gather.input[0]]
+    if list(inits[weight].dims) != list(reversed(table.dims)):
+        raise ValueError(f"lm_head weight {weight!r} {list(inits[weight].dims)} is not the transposed "
+                         f"embedding table {list(table.dims)}")
+    inits[weight].CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(
+        onnx.numpy_helper.to_array(table).T), weight))  # the tie: one matrix serves both
+    graph.initializer.remove(table)
+    transposed = f"{weight}/Transpose/output_0"
+    gather.input[0] = transposed
+    _prepend(graph, [onnx.helper.make_node("Transpose", [weight], [transposed], perm=[1, 0],
+                                           name="/model/embed_tokens/tied/Transpose")])
+    return out
+
+
 __all__ = ["GENAI_HEAD_DIM", "drop_config", "genai_builder", "hf_config", "optimum_merged", "rename_values",
+           "tied_embeddings",
            "transformers_export", "transformers_graphs"]
 
