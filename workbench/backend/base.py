@@ -33,8 +33,21 @@ class Backend(Protocol):
     def to_host(self, array: Any) -> np.ndarray:
         """An independent host copy of a backend array."""
 
+    def copy_from_host(self, dst: Any, src: np.ndarray) -> Any:
+        """Write host array `src` into the existing backend array `dst` in place (same
+        shape and dtype; `dst` keeps its address, so a captured graph reading it sees
+        the new contents). Returns `dst`."""
+
     def synchronize(self) -> None:
         """Wait for queued device work to finish."""
+
+    def start_timer(self) -> Any:
+        """Mark the start of timed work on the backend's stream."""
+
+    def stop_timer(self, start: Any) -> float:
+        """Seconds the backend spent on the work queued since `start_timer` (device
+        time on CUDA: events, then a wait for the end event; host time while capturing,
+        when nothing runs)."""
 
     def begin_capture(self) -> Any:
         """Start recording kernel launches; returns the graph being recorded."""

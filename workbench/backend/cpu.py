@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
@@ -42,8 +44,18 @@ class CpuBackend:
     def to_host(self, array: np.ndarray) -> np.ndarray:
         return np.array(array, copy=True)
 
+    def copy_from_host(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+        dst[...] = src
+        return dst
+
     def synchronize(self) -> None:
         return None
+
+    def start_timer(self) -> float:
+        return time.perf_counter()
+
+    def stop_timer(self, start: float) -> float:
+        return time.perf_counter() - start
 
     # -- device graphs: recorded launch lists ---------------------------------------
 

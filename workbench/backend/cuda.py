@@ -4,10 +4,19 @@ captured segments become `cupy.cuda.Graph`s recorded by stream capture.
 Every allocation made while a segment is being captured comes from a memory pool
 private to that graph (switched in for the capture, kept alive with the graph), so
 the addresses baked into the graph are never handed to anything else.
+
+The array module is passed in: real CuPy, or (tests only, `WORKBENCH_CUDA_DOUBLE=1`)
+the device-discipline double that enforces CuPy's host/device and capture rules.
+
+Host <-> device discipline: a host array reaches the device only through
+`from_host` / `adopt` / `copy_from_host` (cupy.asarray / ndarray.set), and leaves it
+only through `to_host` (cupy.asnumpy); CuPy refuses implicit conversions either way
+(`device[...] = host` routes to `fill`, which rejects non-scalar arrays).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -21,14 +30,24 @@ class CudaGraph:
         self.graph: Any = None
 
 
+#: dtypes CuPy 13 cannot hold (cupy/_core/_dtype.pyx supports '?bhilqBHILQefdFD'):
+#: such values stay on the host and the kernels reading them are host fallbacks
+_DEVICE_CHARS = frozenset("?bhilqBHILQefdFD")
+
+
+def on_device_dtype(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).char in _DEVICE_CHARS
+
+
 class CudaBackend:
     name = "cuda"
     supports_capture = True
     #: stream capture records without executing: a captured segment must be launched
     capture_executes_work = False
 
-    def __init__(self) -> None:
-        import cupy  # noqa: PLC0415 - optional dependency, checked by get_backend
+    def __init__(self, cupy: Any = None) -> None:
+        if cupy is None:
+            import cupy  # noqa: PLC0415 - optional dependency, checked by get_backend
 
         self.cp = cupy
         self.xp = cupy
@@ -41,6 +60,8 @@ class CudaBackend:
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         dtype = np.dtype(dtype)
+        if not on_device_dtype(dtype):  # strings, objects, bfloat16: host storage
+            return np.empty(shape, dtype=dtype)
         count = 1
         for d in shape:
             count *= d
@@ -51,14 +72,14 @@ class CudaBackend:
         if isinstance(array, self.cp.ndarray):
             return array
         array = np.asarray(array)
-        if array.dtype.hasobject:
-            return array  # strings stay on the host
+        if not on_device_dtype(array.dtype):
+            return array  # strings / objects / bfloat16 stay on the host
         return self.cp.asarray(array)
 
     def adopt(self, value: Any) -> Any:
         """A kernel's fresh result as a device array (host fallbacks return numpy)."""
-        if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-            return self.cp.asarray(value)
+        if isinstance(value, (np.ndarray, np.generic)) and on_device_dtype(value.dtype):
+            return self.cp.asarray(np.asarray(value))
         return value
 
     def to_host(self, array: Any) -> np.ndarray:
@@ -66,8 +87,39 @@ class CudaBackend:
             return self.cp.asnumpy(array, stream=self.stream)
         return np.array(array, copy=True)
 
+    def copy_from_host(self, dst: Any, src: np.ndarray) -> Any:
+        """`dst[...] = host` would route to ndarray.fill, which rejects a non-scalar
+        numpy array (cupy/_core/core.pyx fill); ndarray.set copies H2D in place."""
+        if not isinstance(dst, self.cp.ndarray):
+            dst[...] = src
+            return dst
+        src = np.ascontiguousarray(src, dtype=dst.dtype)
+        if src.shape != dst.shape:
+            src = np.broadcast_to(src, dst.shape).copy()
+        if dst.flags.c_contiguous:
+            dst.set(src, stream=self.stream)
+        else:  # a strided destination: stage contiguously on the device, then copy there
+            dst[...] = self.cp.asarray(src)
+        return dst
+
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def start_timer(self) -> Any:
+        if self.stream.is_capturing():  # nothing runs while recording; events cannot sync
+            return (time.perf_counter(), None)
+        start = self.cp.cuda.Event()
+        start.record(self.stream)
+        return (time.perf_counter(), start)
+
+    def stop_timer(self, start: Any) -> float:
+        t0, event = start
+        if event is None or self.stream.is_capturing():
+            return time.perf_counter() - t0
+        end = self.cp.cuda.Event()
+        end.record(self.stream)
+        end.synchronize()
+        return self.cp.cuda.get_elapsed_time(event, end) / 1e3
 
     # -- device graphs --------------------------------------------------------------
 
