@@ -8,19 +8,30 @@ saved recording reports the same as a live one:
     reports.to_html(recording, "r.html")  # one self-contained file, no kernel needed
     reports.export(recording, "out/")     # every frame as CSV + parquet
 
+The questions people bring to other runtimes, one call each (all DataFrames):
+
+    reports.capture_coverage(rec)    # per step: nodes and time replayed / eager / host fallback
+    reports.seam_costs(rec)          # which seams cost the most: µs per token, share of step time
+    reports.peak_values(rec)         # what is live at the activation peak; resident_breakdown(rec)
+    reports.alias_hazards(rec)       # writes into a buffer a live value still uses (empty when sound)
+    reports.kv_growth(rec)           # per step and KV input/output: capacity, length, moved, copied
+    reports.diff(rec_a, rec_b)       # two recordings side by side; diff_steps(rec, a, b)
+
+Column names follow one vocabulary (`vocabulary.COLUMNS`, `README.md` beside this file).
+
 plotly is imported only when a figure or the HTML report is built.
 """
 
 from .capture import by_reason, declines_at, segments_at, static_verdicts
 from .coverage import COVERAGE_KINDS, capture_coverage, decode_coverage, seam_costs, tokens_per_step
-from .diff import diff, diff_steps
+from .diff import DIFF_ASPECTS, DIFF_COLUMNS, diff, diff_steps
 from .export import export
-from .hazards import alias_hazards
+from .hazards import HAZARD_COLUMNS, alias_hazards
 from .html import render_html, to_html
-from .kv import kv_growth, kv_pairs
+from .kv import KV_COLUMNS, kv_growth, kv_pairs
 from .liveness import lifetimes_at, live_bytes_curve, memory_at
 from .memo import mechanism_lanes
-from .peak import peak_step, peak_values, resident_breakdown
+from .peak import PEAK_COLUMNS, RESIDENT_CATEGORIES, peak_step, peak_values, resident_breakdown
 from .plan import plan_at_step, shapes_at_step
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import latency_frame, slots, step_info, steps_of_slot, tokens_frame
@@ -29,10 +40,12 @@ from .views import ViewWalk, most_instructive_view, view_walk, views_at
 from .vocabulary import COLUMNS, GLOSSARY, canonical, explain
 
 __all__ = [
-    "COLUMNS", "COVERAGE_KINDS", "alias_hazards", "GLOSSARY", "canonical", "capture_coverage", "decode_coverage", "diff", "diff_steps", "explain",
-    "kv_growth", "kv_pairs", "peak_step", "peak_values", "resident_breakdown", "seam_costs", "tokens_per_step",
-    "NOT_RECORDED", "Frames", "ViewWalk", "as_frames", "by_reason", "declines_at", "export", "latency_frame",
-    "lifetimes_at", "live_bytes_curve", "mechanism_lanes", "memory_at", "most_instructive_view", "plan_at_step", "render_html",
-    "segments_at", "shapes_at_step", "slots", "static_verdicts", "step_info", "steps_of_slot", "summary",
-    "summary_text", "tokens_frame", "to_html", "view_walk", "views_at",
+    "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS",
+    "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
+    "canonical", "capture_coverage", "declines_at", "decode_coverage", "diff", "diff_steps", "explain",
+    "export", "Frames", "kv_growth", "kv_pairs", "latency_frame", "lifetimes_at", "live_bytes_curve",
+    "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "peak_values", "plan_at_step",
+    "render_html", "resident_breakdown", "seam_costs", "segments_at", "shapes_at_step", "slots",
+    "static_verdicts", "step_info", "steps_of_slot", "summary", "summary_text", "to_html", "tokens_frame",
+    "tokens_per_step", "view_walk", "views_at", "ViewWalk",
 ]

@@ -10,22 +10,29 @@ cells; figures: `figures.common.esc`), and figure JSON additionally has `<`, `>`
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from . import capture, liveness, memo, plan, steps, views
+from .coverage import capture_coverage, seam_costs
+from .diff import diff_steps
+from .hazards import alias_hazards
+from .kv import kv_growth
+from .peak import peak_values, resident_breakdown
 from .source import NOT_RECORDED, Frames, as_frames
 from .summary import summary
 from .units import fmt_bytes, fmt_ms
+from .vocabulary import GLOSSARY
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
     from ..trace import Recording
 
-__all__ = ["figure_json", "render_html", "table_html", "to_html"]
+__all__ = ["figure_json", "glossary_hovers", "render_html", "table_html", "to_html"]
 
 MAX_TABLE_ROWS = 2000
 
@@ -36,7 +43,31 @@ nav a{margin-right:12px}.note{color:#666;font-style:italic}.meta{color:#555}
 table.tbl{border-collapse:collapse;font-size:12px;margin:8px 0}
 table.tbl th,table.tbl td{border:1px solid #e3e3e3;padding:2px 6px;text-align:left;vertical-align:top}
 table.tbl th{background:#f5f5f5}details{margin:8px 0}.fig{width:100%}
+abbr{text-decoration:underline dotted #999;cursor:help}
 """
+
+#: glossary terms hovered inside a cell's text too (codes, not everyday words)
+_IN_TEXT = sorted((t for t in GLOSSARY if "_" in t or t == "Stage 2"), key=len, reverse=True)
+_IN_TEXT_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, _IN_TEXT)) + r")(?![A-Za-z0-9_])")
+_CELL = re.compile(r"<td>([^<]*)</td>")
+
+
+def glossary_hovers(table: str) -> str:
+    """Wrap jargon in an escaped table's cells in <abbr title="..."> (a hover with the
+    glossary sentence): a cell that is exactly a glossary term, and reason codes /
+    "Stage 2" inside longer cell text."""
+
+    def abbr(term: str) -> str:
+        return f'<abbr title="{html.escape(GLOSSARY[term], quote=True)}">{term}</abbr>'
+
+    def cell(m: re.Match) -> str:
+        text = m.group(1)
+        if html.unescape(text) in GLOSSARY and html.escape(html.unescape(text)) == text:
+            return f"<td>{abbr(text)}</td>"
+        return "<td>" + _IN_TEXT_RE.sub(lambda t: abbr(t.group(1)), text) + "</td>"
+
+    return _CELL.sub(cell, table)
+
 
 
 def figure_json(fig: go.Figure) -> str:
@@ -65,7 +96,7 @@ def table_html(df: pd.DataFrame, max_rows: int = MAX_TABLE_ROWS) -> str:
     for c in shown.columns:
         if shown[c].dtype == object:
             shown[c] = [_cell(v) for v in shown[c]]
-    out = shown.to_html(index=False, escape=True, border=0, classes="tbl", na_rep="—")
+    out = glossary_hovers(shown.to_html(index=False, escape=True, border=0, classes="tbl", na_rep="—"))
     if more > 0:
         out += f'<p class="note">{more:,} more rows not shown; see export() for every row.</p>'
     return out
@@ -202,7 +233,87 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
         page.text(f"Liveness: {NOT_RECORDED} for this step.", "note")
     else:
         page.figure(figures.liveness_figure(lt, liveness.live_bytes_curve(f, step), mem))
+    _diagnostics(page, f, step)
     return page.render(get_plotlyjs())
+
+
+def _diagnostics(page: _Page, f: Frames, step: int) -> None:
+    """The sections of the diagnostic calls (one each), shadow verification and the glossary."""
+    from . import figures
+
+    page.section("shadow", "Shadow verification")
+    s = summary(f).set_index("metric")
+    page.text(str(s.loc["shadow verification", "text"]), "meta")
+    checks = f.optional("shadow_checks")
+    if checks is None:
+        page.text("Run with SessionOptions(shadow='record') to re-run served steps eagerly and compare every "
+                  "value.", "note")
+    else:
+        div = f.optional("divergences")
+        if div is not None and not div.empty:
+            page.table(div)
+        page.table(checks, f"{len(checks)} shadowed steps")
+    hz = alias_hazards(f)
+    page.section("hazards", "Alias hazards")
+    if hz.empty:
+        page.text("No write into a buffer that still backs a live value or view: none found.", "meta")
+    else:
+        page.text(f"{len(hz)} writes into a buffer another live value still uses:", "meta")
+        page.table(hz)
+
+    page.section("coverage", "Capture coverage")
+    cov = capture_coverage(f)
+    page.text(str(s.loc["capture coverage (decode, time-weighted)", "text"]) + " over the decode steps.", "meta")
+    page.figure(figures.coverage_figure(cov))
+    page.table(cov, "coverage per step (counts, µs and shares)")
+
+    page.section("seams", "Seam costs")
+    by_reason = seam_costs(f, by="reason")
+    if by_reason.empty:
+        page.text(f"Capture segmentation: {NOT_RECORDED}.", "note")
+    else:
+        page.figure(figures.seam_costs_figure(by_reason))
+        page.table(by_reason)
+        seams = seam_costs(f)
+        page.table(seams, f"{len(seams)} seams, costliest first")
+
+    pk = peak_values(f)
+    at = int(pk["step"].iloc[0]) if not pk.empty else None
+    page.section("peak", f"Activation peak (step {at})" if at is not None else "Activation peak")
+    if pk.empty:
+        page.text(f"Liveness: {NOT_RECORDED}.", "note")
+    else:
+        page.text(f"{fmt_bytes(int(pk['bytes'].sum()))} live at plan index {int(pk['peak_index'].iloc[0])} in "
+                  f"{len(pk)} buffers (views counted once, under their owner).", "meta")
+        page.table(pk, f"the {len(pk)} values live at the peak, biggest first")
+    rb = resident_breakdown(f, step)
+    if not rb.empty:
+        total = rb.set_index("category").loc["total"]
+        page.text(f"Resident at step {step}: {fmt_bytes(int(total['bytes']))}, {float(total['x_weights']):.2f}x "
+                  "the weights (the model file).", "meta")
+        page.table(rb)
+
+    page.section("kv", "KV cache growth")
+    kv = kv_growth(f)
+    if kv.empty:
+        page.text("No KV cache inputs/outputs were found in this graph.", "note")
+    else:
+        page.figure(figures.kv_growth_figure(kv))
+        page.table(kv.drop(columns=["value_id"]), f"{len(kv)} rows: every KV value at every step")
+
+    st = f.get("steps")
+    pre = st.loc[st["phase"] == "prefill", "step"]
+    dec = st.loc[st["phase"] == "decode", "step"]
+    if len(pre) and len(dec):
+        a, b = int(pre.iloc[0]), int(dec.iloc[-1])
+        page.section("diff", f"Prefill vs decode (step {a} vs step {b})")
+        d = diff_steps(f, a, b, changed_only=True)
+        page.text(f"{len(d)} differences; per-node times are left out here (see diff_steps).", "note")
+        page.table(d[d["aspect"] != "time"])
+
+    page.section("glossary", "Glossary")
+    page.table(pd.DataFrame({"term": list(GLOSSARY), "meaning": list(GLOSSARY.values())}),
+               f"{len(GLOSSARY)} terms (hover a term in any table)")
 
 
 def to_html(src: Recording | Frames, path: str | Path, step: int | None = None,

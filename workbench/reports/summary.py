@@ -8,9 +8,11 @@ import numpy as np
 import pandas as pd
 
 from .capture import by_reason, static_verdicts
+from .coverage import decode_coverage, seam_costs
+from .hazards import alias_hazards
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import tokens_frame
-from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate
+from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate, fmt_us
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..trace import Recording
@@ -25,8 +27,10 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     tokens, prefill ms, median decode ms, tokens/s), memo (actions, views reused,
     dispatch elided), views (zero-copy views, in-place writes, copies), memory
     (resident peak, planner peak, lower bound, one buffer per value), capture
-    (segments, replays, declines by reason) -- a section that was not recorded
-    says so in `text` with value None.
+    (segments, replays, declines by reason, capture coverage: the share of the decode's
+    node time spent replaying device graphs, the costliest seam reason), soundness
+    (shadow verification: "shadow checked N steps, 0 divergences"; alias hazards) -- a
+    section that was not recorded says so in `text` with value None.
     """
     f = as_frames(src)
     rows: list[tuple[str, str, object, str]] = []
@@ -94,6 +98,29 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
             last_dec = dec[dec["step"] == dec["step"].max()]
             for r in by_reason(last_dec).itertuples(index=False):
                 add("capture", f"declines: {r.reason}", int(r.declines))
+    cov = decode_coverage(f)
+    share = cov["time_share"]
+    add("capture", "capture coverage (decode, time-weighted)", share,
+        "—" if share is None else f"{100 * share:.1f}% of node time replayed")
+    if seg is not None:
+        costs = seam_costs(f, by="reason")
+        if not costs.empty:
+            top = costs.iloc[0]
+            add("capture", "costliest seam reason", float(top["us_per_token"]),
+                f"{top['reason']}: {fmt_us(top['us_per_token'])} per token "
+                f"({100 * float(top['share_of_step']):.1f}% of step time, {int(top['seams'])} seams)")
+
+    checks = f.optional("shadow_checks")
+    if checks is None:
+        add("soundness", "shadow verification", None, NOT_RECORDED)
+    else:
+        div = f.optional("divergences")
+        n_div = 0 if div is None else len(div)
+        mechs = "" if div is None or div.empty else \
+            " (" + ", ".join(sorted({str(m) for m in div["mechanism"]})) + ")"
+        add("soundness", "shadow verification", n_div,
+            f"shadow checked {len(checks)} steps, {n_div} divergences{mechs}")
+    add("soundness", "alias hazards", len(alias_hazards(f)))
     return pd.DataFrame(rows, columns=["section", "metric", "value", "text"])
 
 
