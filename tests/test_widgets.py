@@ -513,3 +513,86 @@ def test_figures_escape_model_names():
     html_text = view.detail.value + view.table.html.value
     for text in (hover, html_text):
         assert evil not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+# --------------------------------------------------------------------------- search and diagnostics
+
+def test_find_ranks_exact_then_as_typed_then_nodes_before_values(frames):
+    from workbench.widgets.model import find
+
+    hits = find(frames, "h_t")
+    assert list(zip(hits.kind, hits.name, hits.plan_index))[0] == ("value", "h_t", 2)  # made by node #2
+    assert list(find(frames, "RELU").name) == ["relu"]
+    inputs = find(frames, "x")
+    assert ("value", "x", 0) in set(zip(inputs.kind, inputs.name, inputs.plan_index))  # first read by #0
+    assert find(frames, "no such thing").empty and find(frames, "  ").empty
+
+
+def test_the_search_box_moves_every_tab_to_the_node(decoded):
+    from workbench.widgets import DecodeWorkbench
+
+    wb = DecodeWorkbench(decoded)
+    plan, seg, memo, views, live = wb.views
+    transpose = decoded.nodes().query("op_type == 'Transpose'").iloc[0]
+    out = transpose.outputs[0]
+    wb.search.value = out  # a value name: jump to the node that makes it
+    p = int(transpose.plan_index)
+    assert wb.cursor.node == p and wb.node_pick.value == p and f"#{p}" in wb.search_label.value
+    assert f"#{p} " in plan.detail.value
+    wb.tabs.selected_index = 3
+    assert views.pick.value == out
+    wb.tabs.selected_index = 4
+    assert f"at node #{p}" in live.numbers.value
+    wb.tabs.selected_index = 6
+    wb.diagnostics.show("diff")
+    assert "wb-sel" in wb.diagnostics.table.html.value.split("</style>", 1)[1]  # its rows are highlighted
+    wb.search.value = "self_attn/Softmax"  # several matches: the first, the rest one pick away
+    assert len(wb.search_hits.options) == 4 and wb.search_hits.layout.display is None  # 2 nodes, 2 values
+    softmax = decoded.nodes().query("op_type == 'Softmax'").plan_index.tolist()
+    assert wb.cursor.node == softmax[0]
+    wb.search_hits.value = 1
+    assert wb.cursor.node == softmax[1]
+    wb.search.value = "nothing is called this"
+    assert "no node or value" in wb.search_label.value and wb.cursor.node == softmax[1]
+
+
+@pytest.mark.parametrize("how", ["live", "loaded"])
+def test_the_diagnostics_tab_runs_every_call_at_the_step(decoded, how, tmp_path):
+    from workbench import reports
+    from workbench.widgets import DecodeWorkbench
+    from workbench.widgets.model import CALLS
+
+    source = decoded
+    if how == "loaded":
+        decoded.save(tmp_path / "rec")
+        source = str(tmp_path / "rec")
+    wb = DecodeWorkbench(source)
+    d = wb.diagnostics
+    assert d._rendered_key is None  # hidden until its tab opens
+    wb.tabs.selected_index = 6
+    assert wb.tabs.get_title(6) == "Diagnostics" and d.active
+    seen = {}
+    for call in CALLS:
+        d.show(call)
+        seen[call] = (d.headline.value, d.table.label.value, d.figure.layout.display)
+    assert "% of node time replayed" in seen["coverage"][0] and seen["coverage"][2] is None
+    top = reports.seam_costs(decoded).iloc[0]
+    assert f"#{int(top.plan_index)} {top.op_type}" in seen["seam costs"][0]
+    assert f"· {len(reports.seam_costs(decoded))} rows" in seen["seam costs"][1]
+    assert "live at plan index" in seen["peak values"][0] and "x the weights" in seen["resident"][0]
+    assert "no alias hazard" in seen["alias hazards"][0]
+    assert "4 KV pairs" in seen["KV growth"][0] and seen["KV growth"][2] is None
+    assert "step 0 (a) vs step" in seen["diff"][0]
+    wb.controls.prev_btn.click()  # a new step redraws the chosen call
+    assert f"vs step {wb.cursor.step} (b)" in d.headline.value
+
+
+def test_the_diagnostics_tab_compares_two_recordings():
+    from workbench.widgets import DiagnosticsView
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"), workbench.SessionOptions(capture=False))
+    Generator(session).generate(list(range(3, 9)), 6, progress=False, eos_token_id=-1)
+    view = DiagnosticsView(build_recording(), compare=session.recording)
+    view.show("diff")
+    assert "vs the compared one" in view.headline.value and view.diff_controls.layout.display == "none"
+    assert "capture_disabled" in view.table.frame.item.tolist()

@@ -19,6 +19,7 @@ from typing import Any
 #: public name -> module that defines it
 _VIEWS = {
     "DecodeWorkbench": ".workbench",
+    "DiagnosticsView": ".diagnostics_view",
     "LivenessView": ".liveness_view",
     "MemoTimeline": ".memo_timeline",
     "PlanView": ".plan_view",

@@ -14,9 +14,10 @@ from ..errors import WorkbenchError
 from ..reports import Frames, summary
 from .base import as_frames
 from .controls import StepControl
+from .diagnostics_view import DiagnosticsView
 from .liveness_view import LivenessView
 from .memo_timeline import MemoTimeline
-from .model import PlanModel, StepCursor, token_strip
+from .model import PlanModel, StepCursor, find, token_strip
 from .plan_view import PlanView
 from .segmentation_view import SegmentationView
 from .table import frame_html
@@ -24,7 +25,7 @@ from .view_alias_view import ViewAliasView
 
 __all__ = ["DecodeWorkbench"]
 
-TABS = ("Plan", "Segmentation", "Memo & capture", "Views & aliases", "Liveness", "Summary")
+TABS = ("Plan", "Segmentation", "Memo & capture", "Views & aliases", "Liveness", "Summary", "Diagnostics")
 
 _TOKEN_STYLE = {"prompt": "color:#777", "before": "", "current": "background:#ffd54f;font-weight:700",
                 "after": "color:#bbb"}
@@ -39,11 +40,17 @@ class DecodeWorkbench(W.VBox):
     `refresh_interval` seconds (the last step always shows; `wait()` blocks until done;
     `step_delay` seconds between steps make it watchable). `decode_text(ids) -> str`
     shows the text of the tokens so far.
+
+    The search box takes a node or value name (any part of it): every tab jumps to the
+    node (a value's producer, or its first reader). The Diagnostics tab runs the
+    reports' diagnostic calls at the selected step, one click each; `compare` (another
+    Recording or its directory) makes its "diff" compare the two recordings.
     """
 
     def __init__(self, source: Any, prompt: Sequence[int] | None = None, max_new_tokens: int = 16, *,
                  decode_text: Callable[[list[int]], str] | None = None, step_delay: float = 0.0,
-                 refresh_interval: float = 0.25, start: bool = True, **generate_kwargs: Any):
+                 refresh_interval: float = 0.25, start: bool = True, compare: Any = None,
+                 **generate_kwargs: Any):
         self.lock = threading.RLock()
         self.live = None
         self.refresh_interval = refresh_interval
@@ -72,16 +79,26 @@ class DecodeWorkbench(W.VBox):
         self.views = [cls(self.frames, active=i == 0, **kw) for i, cls in enumerate(
             (PlanView, SegmentationView, MemoTimeline, ViewAliasView, LivenessView))]
         self.summary = W.HTML()
-        self.tabs = W.Tab(children=[*self.views, self.summary])
+        self.diagnostics = DiagnosticsView(self.frames, compare=compare, active=False, **kw)
+        self.search = W.Text(placeholder="find a node or value by name", continuous_update=False,
+                             layout=W.Layout(width="300px"))
+        self.search.add_class("wb-search")
+        self.search_hits = W.Dropdown(options=[], layout=W.Layout(width="420px", display="none"))
+        self.search_label = W.HTML()
+        self.search_label.add_class("wb-search-label")
+        self.tabs = W.Tab(children=[*self.views, self.summary, self.diagnostics])
         for i, name in enumerate(TABS):
             self.tabs.set_title(i, name)
         self.tabs.observe(self._tab_changed, names="selected_index")
         self.tabs.selected_index = 0
         self._tab_changed()
         title = W.HTML(f"<b>Decode workbench</b> · {len(self.frames.get('nodes'))} plan nodes")
-        super().__init__([title, self.tokens, self.controls, W.HBox([self.node_pick, self.progress]), self.tabs])
+        super().__init__([title, self.tokens, self.controls, W.HBox([self.node_pick, self.progress]),
+                          W.HBox([self.search, self.search_hits, self.search_label]), self.tabs])
         self.add_class("wb-workbench")
         self.node_pick.observe(self._node_picked, names="value")
+        self.search.observe(lambda c: self.find(c["new"]), names="value")
+        self.search_hits.observe(self._hit_picked, names="value")
         self.cursor.observe(self._cursor_changed, names=["step", "node", "version"])
         self._cursor_changed()
         if generator is not None:
@@ -118,10 +135,51 @@ class DecodeWorkbench(W.VBox):
         idx = self.tabs.selected_index
         for i, v in enumerate(self.views):
             v.active = i == idx
+        self.diagnostics.active = idx == len(self.views) + 1
         if idx is not None and idx < len(self.views):
             self.views[idx].set_active(True)
         elif idx == len(self.views):
             self._render_summary()
+        elif idx == len(self.views) + 1:
+            self.diagnostics.set_active(True)
+
+    # -- search
+    def find(self, query: str) -> list[tuple[str, str, int]]:
+        """Jump every tab to the first node or value whose name contains `query`; the
+        other matches go in the dropdown beside the box. Returns (kind, name, plan index)."""
+        with self.lock:
+            hits = find(self.frames, query or "")
+            found = [(k, n, int(p)) for k, n, p in zip(hits["kind"], hits["name"], hits["plan_index"])]
+            self._searching = True
+            try:
+                self.search_hits.options = [(f"{k} {n} — {d}", i) for i, ((k, n, _), d) in
+                                            enumerate(zip(found, hits["detail"]))]
+                self.search_hits.layout.display = None if len(found) > 1 else "none"
+                self.search_hits.value = 0 if found else None
+            finally:
+                self._searching = False
+            self._found = found
+            if not query:
+                self.search_label.value = ""
+            elif not found:
+                self.search_label.value = f"<i>no node or value named like {html.escape(query)!s}</i>"
+            else:
+                self._jump(0)
+            return found
+
+    def _jump(self, i: int) -> None:
+        kind, name, p = self._found[i]
+        more = f" ({len(self._found)} matches)" if len(self._found) > 1 else ""
+        if p < 0:
+            self.search_label.value = f"{html.escape(kind)} <code>{html.escape(name)}</code>: no node uses it{more}"
+            return
+        self.search_label.value = f"→ #{p} for {html.escape(kind)} <code>{html.escape(name)}</code>{more}"
+        self.cursor.select_node(p)
+
+    def _hit_picked(self, change) -> None:
+        if not getattr(self, "_searching", False) and change["new"] is not None:
+            with self.lock:
+                self._jump(int(change["new"]))
 
     def _node_picked(self, change) -> None:
         with self.lock:
