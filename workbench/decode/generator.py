@@ -87,6 +87,9 @@ class Generator:
         self._feed_buffers: dict[tuple, np.ndarray] = {}
         #: arrays the loop keeps (KV cache, staged inputs) live where the session computes
         self.xp = session.backend.xp if is_workbench_session(session) else np
+        #: host -> device staging: a device array is written with the backend's H2D copy
+        #: (CuPy's `buf[...] = host` is a fill, which rejects non-scalar host arrays)
+        self._backend = session.backend if is_workbench_session(session) else None
         self._ran: Any = session  # the session of the latest step (its recording gets the token)
 
     @classmethod
@@ -157,7 +160,7 @@ class Generator:
                 "lower max_new_tokens or max_length"
             )
         shared = mode == "fixed" and self.supports_shared_buffer
-        cache = _KvCache(self.interface, mode, shared, max_length, self.xp)
+        cache = _KvCache(self.interface, mode, shared, max_length, self.xp, self._backend)
         result = GenerationResult(prompt, [], [], mode, shared, False)
         budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
@@ -226,7 +229,7 @@ class Generator:
             if len(self._feed_buffers) >= MAX_STAGED_BUFFERS:  # e.g. a mask that grows every step
                 del self._feed_buffers[next(iter(self._feed_buffers))]  # least recently used
         self._feed_buffers[key] = buf  # most recently used last
-        buf[...] = values
+        _to_buffer(self._backend, buf, values)
         return buf
 
     def _record_token(self, token: int, position: int) -> None:
@@ -283,8 +286,10 @@ class Generator:
 class _KvCache:
     """The KV cache of one generation: growing arrays, or one fixed buffer per slot."""
 
-    def __init__(self, io: DecodeInterface, mode: str, shared: bool, capacity: int, xp: Any = np):
+    def __init__(self, io: DecodeInterface, mode: str, shared: bool, capacity: int, xp: Any = np,
+                 backend: Any = None):
         self.io, self.mode, self.shared, self.capacity = io, mode, shared, capacity
+        self.backend = backend
         self.length = 0
         self.arrays: dict[str, np.ndarray] = {}
         for slot in io.kv:
@@ -313,9 +318,9 @@ class _KvCache:
                 self.arrays[s.past] = out[names[s.past]]
         elif not self.shared or presents is not None:
             for s in self.io.kv:
-                present = out[names[s.past]]
-                _take(self.arrays[s.past], s.seq_axis, self.length, new_len)[...] = \
-                    _take(present, s.seq_axis, self.length, new_len)
+                present = out[names[s.past]]  # a host array: session.run returns host copies
+                _to_buffer(self.backend, _take(self.arrays[s.past], s.seq_axis, self.length, new_len),
+                           _take(present, s.seq_axis, self.length, new_len))
         self.length = new_len
 
     def truncate(self, length: int) -> None:
@@ -362,6 +367,15 @@ def _kv_shape(slot: KvSlot, length: int) -> tuple[int, ...]:
                 "sequence axes may be symbolic"
             )
     return tuple(shape)
+
+
+def _to_buffer(backend: Any, dst: Any, src: Any) -> None:
+    """Write host values into a staged / KV buffer in place: through the backend's H2D
+    copy for a workbench session (a device buffer on CUDA), plainly for numpy."""
+    if backend is not None and isinstance(src, np.ndarray):
+        backend.copy_from_host(dst, src)
+    else:
+        dst[...] = src
 
 
 def _take(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:

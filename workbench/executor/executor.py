@@ -342,7 +342,8 @@ class Executor(DecodeMemoSteps):
                 ins[pos] = self._contiguous_copy(x, graph)
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
-        t0 = time.perf_counter() if rec is not None else 0.0
+        # device time, not launch time: the backend's timer waits for the node's kernels
+        t0 = self.backend.start_timer() if rec is not None else None
         try:
             res = p.fn(ins, outs)
         except CaptureViolation as violation:
@@ -355,7 +356,7 @@ class Executor(DecodeMemoSteps):
                 raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
-            rec.node(p.index, "eager", time.perf_counter() - t0)
+            rec.node(p.index, "eager", self.backend.stop_timer(t0))
         materialized: list = []  # (slot, array) of outputs this run created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:

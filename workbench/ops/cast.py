@@ -73,9 +73,11 @@ def _to_string(x: Any, out: Any) -> Any:
     return out
 
 
-def _from_string(target: np.dtype) -> CastFn:
+def _from_string(target: np.dtype, xp: Any) -> CastFn:
     def cast(x: Any, out: Any) -> Any:
-        value = host_read(x).astype(target)  # object array of str: float("INF"), int("7"), ...
+        # object array of str: float("INF"), int("7"), ... parsed on the host, then placed
+        # where the backend computes (a device `out[...] = host_array` would be a fill)
+        value = xp.asarray(host_read(x).astype(target))
         if out is None:
             return value
         out[...] = value
@@ -90,7 +92,7 @@ def _cast_fn(info: NodeInfo, source: np.dtype, target: np.dtype) -> CastFn:
     if target == STRING:
         return _to_string
     if source == STRING:
-        return _from_string(target)
+        return _from_string(target, info.xp)
     return _plain_cast(target)
 
 

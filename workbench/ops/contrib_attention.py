@@ -62,13 +62,9 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool)
     return rot
 
 
-_PAIR_SIGN = {dt: np.array([[-1.0], [1.0]], dtype=dt) for dt in (np.float32, np.float64)}
-
-
-def _rotate_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int,
-                 interleaved: bool) -> np.ndarray:
-    """`rotate` of a 2-D [M, H] numpy array by one cos/sin row ([rot_dim / 2]), into a
-    fresh array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
+def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool) -> Any:
+    """`rotate` of a 2-D [M, H] array by one cos/sin row ([rot_dim / 2]), into a fresh
+    array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
 
     Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin) as
     x * cos + swap(x) * (-sin, sin), the swap being a reversed view of the halves.
@@ -76,24 +72,24 @@ def _rotate_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rot_dim: int,
     rows, width = x.shape
     half = rot_dim // 2
     if interleaved:
-        out = np.empty_like(x)
+        out = xp.empty_like(x)
         x1, x2 = x[:, 0:rot_dim:2], x[:, 1:rot_dim:2]
         real, imag = out[:, 0:rot_dim:2], out[:, 1:rot_dim:2]
         tmp = x2 * sin
-        np.multiply(x1, cos, out=real)
-        np.subtract(real, tmp, out=real)
-        np.multiply(x1, sin, out=tmp)
-        np.multiply(x2, cos, out=imag)
-        np.add(imag, tmp, out=imag)
+        xp.multiply(x1, cos, out=real)
+        xp.subtract(real, tmp, out=real)
+        xp.multiply(x1, sin, out=tmp)
+        xp.multiply(x2, cos, out=imag)
+        xp.add(imag, tmp, out=imag)
         if rot_dim < width:
             out[:, rot_dim:] = x[:, rot_dim:]
         return out
     halves = x[:, :rot_dim].reshape(rows, 2, half)
     out = halves * cos
-    out += halves[:, ::-1] * (_PAIR_SIGN[x.dtype.type] * sin)
+    out += halves[:, ::-1] * xp.stack((-sin, sin))  # (-sin, sin) per half: negation is exact
     out = out.reshape(rows, rot_dim)
     if rot_dim < width:
-        out = np.concatenate((out, x[:, rot_dim:]), axis=1)
+        out = xp.concatenate((out, x[:, rot_dim:]), axis=1)
     return out
 
 
@@ -230,15 +226,11 @@ def _host_int(value: Any) -> int:
     return int(host_read(value).reshape(-1)[0])
 
 
-def _numpy_int(value: np.ndarray) -> int:
-    """A one-element numpy input's value, for the one-token decode fast path only.
-
-    Not through `host_read`: that path runs on the numpy backend alone (`decode_fast`),
-    whose recorded launch re-runs this kernel at every replay, so the value is read
-    afresh each time and never baked in. (The kernel thereby relies on how the CPU
-    backend replays; a device backend always takes the general path.)
-    """
-    return int(value.reshape(-1)[0])  # host-ok: numpy-only fast path, re-run by each CPU replay
+def _first_int(xp: Any, value: Any) -> Any:
+    """A one-element integer input's value as a (1,) int64 array where the backend
+    computes: never read on the host, so a captured graph replays with each step's
+    value (the one-token decode path indexes the KV cache with it on the device)."""
+    return value.reshape(-1)[:1].astype(np.int64)
 
 
 def _same_buffer(a: Any, b: Any) -> bool:
@@ -247,12 +239,31 @@ def _same_buffer(a: Any, b: Any) -> bool:
         return False
     if a is b:
         return True
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.shape == b.shape and a.ctypes.data == b.ctypes.data
-    try:  # cupy
-        return a.shape == b.shape and a.data.ptr == b.data.ptr
-    except AttributeError:
+    return a.shape == b.shape and a.strides == b.strides and _address(a) == _address(b)
+
+
+def _address(a: Any) -> int:
+    iface = getattr(a, "__array_interface__", None)
+    return iface["data"][0] if iface is not None else a.data.ptr
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two arrays' byte extents may overlap (numpy's may_share_memory, from
+    addresses: works for device arrays, which numpy cannot inspect)."""
+    if a.size == 0 or b.size == 0:
         return False
+
+    def extent(x: Any) -> tuple[int, int]:
+        lo = hi = _address(x)
+        for n, st in zip(x.shape, x.strides):
+            if st > 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+        return lo, hi + x.itemsize
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
 
 
 # --- GroupQueryAttention ----------------------------------------------------------------
@@ -347,10 +358,6 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
     used_present = (used(info, 1), used(info, 2))
     used_qk = bool(qk_output) and used(info, 3)
-    sink_zero = np.zeros((1, 1, 1), dtype=F32) if smooth_softmax else None
-    # the one-token decode fast path reads seqlens_k on the host: only on the numpy
-    # backend, where a recorded launch re-runs the kernel (nothing is baked in)
-    decode_fast = xp is np
 
     def decode_token(inputs: list, outs: list) -> list | None:
         """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
@@ -391,16 +398,13 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if (past_value.shape != cache_shape or cache_shape[0] != 1 or cache_shape[1] != kv_num_heads
                 or cache_shape[3] != head_size):
             return None
-        pos = _numpy_int(seqlens_k)
-        if pos < 0 or pos > past_len:  # rows of 0..pos the past does not hold are zeros there
-            return None
         if out_v is not None:
             present_len = out_v.shape[2]
         elif out_k is not None:
             present_len = out_k.shape[2]
         else:
             present_len = max(total_length(total_tensor), past_len)
-        if pos >= present_len:
+        if present_len < 1:
             return None
         present_shape = (1, kv_num_heads, present_len, head_size)
         shared = []
@@ -411,21 +415,21 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             if out.shape != present_shape:
                 return None
             same = _same_buffer(out, past)
-            if not same and (np.may_share_memory(out, past_key) or np.may_share_memory(out, past_value)):
+            if not same and (_overlap(out, past_key) or _overlap(out, past_value)):
                 return None
             shared.append(same)
-        rotary_cos = rotary_sin = None
-        if do_rotary:
-            if cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size:
-                return None
-            p = pos if position_ids is None else _numpy_int(position_ids)
-            p = min(max(p, 0), cos_cache.shape[0] - 1)
-            rotary_cos, rotary_sin = cos_cache[p], sin_cache[p]
+        if do_rotary and (cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size):
+            return None
         if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
-                                           or attention_bias.shape[2] != 1
-                                           or attention_bias.shape[3] <= pos):
+                                           or attention_bias.shape[2] != 1):
             return None
 
+        # The position pos = seqlens_k[0] stays where the backend computes (a (1,) array):
+        # the new K/V row is scattered to it and attention masks the rows after it, so
+        # nothing is read on the host and a captured graph replays with every step's
+        # value. (A seqlens_k outside 0..present_len-1 is no decode step; it is clamped.)
+        pos = xp.clip(_first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
+        slots = xp.arange(present_len, dtype=np.int64)  # [L]
         ct = compute_dtype(query.dtype)
         qdt = query.dtype
         cache_dtype = past_key.dtype
@@ -438,12 +442,14 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             q_rows = query.reshape(num_heads, head_size)
             v_row = value.reshape(kv_num_heads, head_size)
         if do_rotary:
+            p = _first_int(xp, seqlens_k) if position_ids is None else _first_int(xp, position_ids)
+            p = xp.clip(p, 0, cos_cache.shape[0] - 1)
+            c, sn = xp.take(cos_cache, p, axis=0)[0], xp.take(sin_cache, p, axis=0)[0]
             if key is not None:
-                q_rows = np.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
-            c, s = rotary_cos, rotary_sin
+                q_rows = xp.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
             if c.dtype != ct:
-                c, s = c.astype(ct), s.astype(ct)
-            qk = _rotate_rows(q_rows.astype(ct, copy=False), c, s, 2 * c.shape[0], interleaved)
+                c, sn = c.astype(ct), sn.astype(ct)
+            qk = _rotate_rows(xp, q_rows.astype(ct, copy=False), c, sn, 2 * c.shape[0], interleaved)
             if qdt != ct:  # onnxruntime stores the rotated Q/K in T
                 qk = qk.astype(qdt).astype(ct)
             q, k_row = qk[:num_heads], qk[num_heads:]
@@ -452,58 +458,63 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             k_row = q_rows[num_heads:] if key is None else key.reshape(kv_num_heads, head_size)
 
         # the present caches: rows 0..pos-1 from past, the new row at pos, zeros after
-        # (a shared buffer keeps its rows after pos)
+        # (a shared buffer keeps its other rows)
         presents = []
+        kept = min(past_len, present_len)
+        before = (slots[:kept] < pos)[None, None, :, None]
         for out, past, row, same in ((out_k, past_key, k_row, shared[0]),
                                      (out_v, past_value, v_row, shared[1])):
-            if out is None:
-                out = np.zeros(present_shape, dtype=cache_dtype)
-                out[:, :, :pos] = past[:, :, :pos]
-            elif not same:
-                out[:, :, :pos] = past[:, :, :pos]
-                out[:, :, pos + 1:] = 0
-            out[0, :, pos] = row
+            if not same:
+                if out is None:
+                    out = xp.empty(present_shape, dtype=cache_dtype)
+                out[:, :, :kept] = xp.where(before, past[:, :, :kept], cache_dtype.type(0))
+                if kept < present_len:
+                    out[:, :, kept:] = 0
+            out[0][:, pos] = row.reshape(kv_num_heads, 1, head_size)
             presents.append(out)
 
-        lo = max(pos + 1 - local_window, 0) if local_window > 0 else 0
-        keys = presents[0][0, :, lo:pos + 1]  # [KV, L, H]
-        values = presents[1][0, :, lo:pos + 1]
+        allowed = slots <= pos  # [L]
+        if local_window > 0:
+            allowed = allowed & (slots > pos - local_window)
+        keys, values = presents[0][0], presents[1][0]  # [KV, L, H]
         if cache_dtype != ct:
             keys, values = keys.astype(ct), values.astype(ct)
         alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
-        scores = np.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
+        scores = xp.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
         scores *= ct.type(alpha)  # [KV, G, L]
         if softcap > 0.0:
             cap = ct.type(softcap)
-            np.divide(scores, cap, out=scores)
-            np.tanh(scores, out=scores)
-            np.multiply(scores, cap, out=scores)
+            xp.divide(scores, cap, out=scores)
+            xp.tanh(scores, out=scores)
+            xp.multiply(scores, cap, out=scores)
         if attention_bias is not None:
-            bias = attention_bias[0, :, 0, lo:pos + 1]
+            span = min(attention_bias.shape[3], present_len)  # past the bias: zeros, as the general path pads
+            bias = attention_bias[0, :, 0, :span]
             if bias.shape[0] != 1:
-                bias = bias.reshape(kv_num_heads, group, pos + 1 - lo)
-            scores += bias.astype(ct, copy=False)
+                bias = bias.reshape(kv_num_heads, group, span)
+            scores[..., :span] += bias.astype(ct, copy=False)
+        scores = xp.where(allowed, scores, ct.type(-np.inf))
         sink = None
         if head_sink is not None:
             sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
-        elif sink_zero is not None:
-            sink = sink_zero.astype(ct, copy=False)
-        row_max = np.maximum.reduce(scores, axis=-1, keepdims=True)
+        elif smooth_softmax:
+            sink = xp.zeros((1, 1, 1), dtype=ct)
+        row_max = scores.max(axis=-1, keepdims=True)
         if sink is not None:
-            row_max = np.maximum(row_max, sink)
+            row_max = xp.maximum(row_max, sink)
         scores -= row_max
-        np.exp(scores, out=scores)
-        denom = np.add.reduce(scores, axis=-1, keepdims=True)
+        xp.exp(scores, out=scores)
+        denom = scores.sum(axis=-1, keepdims=True)
         if sink is not None:
-            denom += np.exp(sink - row_max)
+            denom += xp.exp(sink - row_max)
         scores /= denom
 
         out = outs[0]
         if (out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden)
                 and out.flags.c_contiguous):
-            np.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
+            xp.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
         else:
-            out = emit(out, np.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+            out = emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
         return [out, presents[0], presents[1]] + [None] * (n_out - 3)
 
     def general(inputs: list, outs: list) -> list:
@@ -679,7 +690,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         return results
 
     def run(inputs: list, outs: list) -> list:
-        if decode_fast and DECODE_FAST_PATH:
+        if DECODE_FAST_PATH:
             results = decode_token(inputs, outs)
             if results is not None:
                 return results

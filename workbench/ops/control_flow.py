@@ -43,6 +43,7 @@ def loop(info: NodeInfo):
     n_carried = len(body_graph.inputs) - 2
     n_scan = len(body_graph.outputs) - 1 - n_carried
     iter_dtype = np.int64
+    xp = info.xp
 
     def run(inputs, outs):
         trip = inputs[0] if n_formal > 0 else None
@@ -54,24 +55,34 @@ def loop(info: NodeInfo):
         scans: list[list] = [[] for _ in range(n_scan)]
         it = 0
         while keep_going and (max_trips is None or it < max_trips):
-            cond_in = np.array(keep_going) if cond is None else np.asarray(keep_going, dtype=np.bool_)
-            results = body([np.array(it, dtype=iter_dtype), cond_in, *carried], captures)
+            # the body computes where the backend does: its iteration number and condition
+            # are made there (a scalar fill), never handed over as host arrays
+            cond_in = xp.full((), keep_going, dtype=np.bool_)
+            results = body([xp.full((), it, dtype=iter_dtype), cond_in, *carried], captures)
             keep_going = bool(_host_scalar(results[0]))
             carried = list(results[1:1 + n_carried])
             for k in range(n_scan):
                 scans[k].append(results[1 + n_carried + k])
             it += 1
-        stacked = [_stack(s, info, n_carried + k) for k, s in enumerate(scans)]
+        stacked = [_stack(xp, s, info, n_carried + k) for k, s in enumerate(scans)]
         return [*carried, *stacked]
 
     return run
 
 
-def _stack(parts: list, info: NodeInfo, out_index: int) -> np.ndarray:
+def _stack(xp, parts: list, info: NodeInfo, out_index: int):
     if parts:
-        return np.stack([host_read(p) for p in parts])
+        return _stack_parts(xp, parts)
     dtype = info.output_dtypes[out_index] if out_index < len(info.output_dtypes) else None
     return np.empty((0,), dtype=dtype or np.float32)
+
+
+def _stack_parts(xp, parts: list, axis: int = 0):
+    """Stack per-iteration results where they live: on the device when every part is a
+    device array, on the host when any is a host value (strings stay on the host)."""
+    if xp is np or any(isinstance(p, np.ndarray) for p in parts):
+        return np.stack([host_read(p) for p in parts], axis=axis)
+    return xp.stack(parts, axis=axis)
 
 
 @register("Scan", since=9, capture=CONTROL_FLOW, data_dependent_shape=True)
@@ -86,12 +97,14 @@ def scan(info: NodeInfo):
     in_dirs = list(info.attr("scan_input_directions", [0] * n_scan_in))
     out_axes = list(info.attr("scan_output_axes", [0] * n_scan_out))
     out_dirs = list(info.attr("scan_output_directions", [0] * n_scan_out))
+    xp = info.xp
 
     def run(inputs, outs):
         states = list(inputs[:n_state])
         seqs = []
         for k, x in enumerate(inputs[n_state:n_formal]):
-            x = np.moveaxis(host_read(x), in_axes[k] % max(x.ndim, 1), 0)
+            mod = np if isinstance(x, np.ndarray) else xp
+            x = mod.moveaxis(x, in_axes[k] % max(x.ndim, 1), 0)
             seqs.append(x[::-1] if in_dirs[k] else x)
         captures = _captures(info, inputs, n_formal)
         length = seqs[0].shape[0] if seqs else 0
@@ -100,11 +113,12 @@ def scan(info: NodeInfo):
             results = body([*states, *(s[t] for s in seqs)], captures)
             states = list(results[:n_state])
             for k in range(n_scan_out):
-                collected[k].append(host_read(results[n_state + k]))
+                collected[k].append(results[n_state + k])
         outputs = list(states)
         for k, parts in enumerate(collected):
-            y = np.stack(parts[::-1] if out_dirs[k] else parts)
-            outputs.append(np.moveaxis(y, 0, out_axes[k] % y.ndim))
+            y = _stack_parts(xp, parts[::-1] if out_dirs[k] else parts)
+            mod = np if isinstance(y, np.ndarray) else xp
+            outputs.append(mod.moveaxis(y, 0, out_axes[k] % y.ndim))
         return outputs
 
     return run
@@ -120,11 +134,12 @@ def scan_batched(info: NodeInfo):
     n_state = n_formal - 1 - n_scan_in
     n_scan_out = len(body_graph.outputs) - n_state
     directions = list(info.attr("directions", [0] * n_scan_in))
+    xp = info.xp
 
     def run(inputs, outs):
-        lens = None if inputs[0] is None else host_read(inputs[0])
-        states0 = [host_read(s) for s in inputs[1:1 + n_state]]
-        seqs = [host_read(x) for x in inputs[1 + n_state:n_formal]]
+        lens = None if inputs[0] is None else host_read(inputs[0])  # trip counts: decided on the host
+        states0 = list(inputs[1:1 + n_state])
+        seqs = list(inputs[1 + n_state:n_formal])
         captures = _captures(info, inputs, n_formal)
         batch = seqs[0].shape[0]
         final_states: list[list] = [[] for _ in range(n_state)]
@@ -138,11 +153,11 @@ def scan_batched(info: NodeInfo):
                 results = body([*states, *xs], captures)
                 states = list(results[:n_state])
                 for k in range(n_scan_out):
-                    per_step[k].append(host_read(results[n_state + k]))
+                    per_step[k].append(results[n_state + k])
             for k in range(n_state):
-                final_states[k].append(host_read(states[k]))
+                final_states[k].append(states[k])
             for k in range(n_scan_out):
-                scanned[k].append(np.stack(per_step[k]))
-        return [np.stack(s) for s in final_states] + [np.stack(s) for s in scanned]
+                scanned[k].append(_stack_parts(xp, per_step[k]))
+        return [_stack_parts(xp, s) for s in final_states] + [_stack_parts(xp, s) for s in scanned]
 
     return run

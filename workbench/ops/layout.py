@@ -469,14 +469,17 @@ def shape(info: NodeInfo) -> KernelFn:
     xp = info.xp
     # Shape-15 start/end: Python slicing clamps exactly as the spec does
     dims = slice(int(info.attr("start", 0)), info.attr("end")) if info.opset >= 15 else slice(None)
-    values_of = shape_memo(lambda s: np.array(s[dims], dtype=INT64))
 
     def run(inputs: list, outs: list) -> tuple:
-        values = values_of(inputs[0].shape)
+        values = tuple(int(d) for d in inputs[0].shape[dims])
         out = outs[0]
         if out is None:
-            return (xp.asarray(values).copy(),)
-        out[...] = values
+            out = xp.empty((len(values),), dtype=INT64)
+        # one scalar fill per dim: the value travels as a kernel parameter, so this is
+        # device work (recordable) and never a host->device copy of a numpy array, which
+        # CuPy refuses (`device[...] = host` is a fill of a non-scalar)
+        for i, d in enumerate(values):
+            out[i] = d
         return (out,)
 
     return run
@@ -489,7 +492,7 @@ def size(info: NodeInfo) -> KernelFn:
     def run(inputs: list, outs: list) -> tuple:
         out = outs[0]
         if out is None:
-            return (xp.asarray(inputs[0].size, dtype=INT64),)
+            return (xp.full((), inputs[0].size, dtype=INT64),)
         out[...] = inputs[0].size
         return (out,)
 
