@@ -25,10 +25,15 @@ from .graph import Graph, Node, Value
 from .validate import check_model, check_strings
 
 
-def read_model(model: Any) -> onnx.ModelProto:
-    """Parse the caller's model (path, bytes or ModelProto) with external data resolved safely."""
+def read_model(model: Any, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """Parse the caller's model (path, bytes or ModelProto) with external data resolved safely.
+
+    Main-graph initializers kept in external files are memory-mapped read-only into
+    `weights` (name -> array) instead of being read into the proto: no copy at load,
+    and pages are read as kernels touch them."""
     if isinstance(model, onnx.ModelProto):
-        proto, base_dir = model, None
+        proto, base_dir = onnx.ModelProto(), None
+        proto.CopyFrom(model)  # loading moves weights out of the proto: never the caller's
     elif isinstance(model, (bytes, bytearray, memoryview)):
         proto, base_dir = _parse_bytes(bytes(model), "<bytes>"), None
     elif isinstance(model, (str, os.PathLike)):
@@ -43,7 +48,7 @@ def read_model(model: Any) -> onnx.ModelProto:
             f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}"
         )
     check_strings(proto)  # before anything reads a name or an external-data location
-    _load_external_data(proto, base_dir)
+    _load_external_data(proto, base_dir, {} if weights is None else weights)
     return proto
 
 
@@ -61,7 +66,7 @@ def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
     return proto
 
 
-def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
+def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None, weights: dict[str, np.ndarray]) -> None:
     tensors = [
         t for t in external_data_helper._get_all_tensors(proto)
         if external_data_helper.uses_external_data(t)
@@ -74,10 +79,70 @@ def _load_external_data(proto: onnx.ModelProto, base_dir: Path | None) -> None:
             "load the model from its path so the file can be found next to it"
         )
     root = base_dir.resolve()
+    main_initializers = {t.name for t in proto.graph.initializer}
     for tensor in tensors:
+        dtype = _plain_dtype(tensor.data_type)
+        if tensor.name in main_initializers and tensor.name not in weights and dtype is not None:
+            weights[tensor.name] = _map_external(root, tensor, dtype)
+            continue  # stays external in the proto: shape inference needs its dims only
         tensor.raw_data = _read_external(root, tensor)
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _plain_dtype(data_type: int) -> np.dtype | None:
+    """The numpy dtype of a tensor whose bytes are a plain little-endian array (None
+    for strings, packed 4/2-bit types, bfloat16 / float8 and anything else onnx decodes)."""
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if data_type in _DECODED_TYPES or dtype.hasobject or dtype.kind not in "biufc":
+        return None
+    return dtype.newbyteorder("<")
+
+
+#: element types whose numpy form onnx builds by decoding, not by viewing bytes
+_DECODED_TYPES = frozenset(
+    getattr(onnx.TensorProto, name) for name in (
+        "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4",
+        "FLOAT4E2M1", "UINT2", "INT2", "FLOAT8E8M0") if hasattr(onnx.TensorProto, name))
+
+
+def _map_external(root: Path, tensor: onnx.TensorProto, dtype: np.dtype) -> np.ndarray:
+    """A read-only memory map of one external initializer, checked against its dims."""
+    what = f"initializer {tensor.name!r}"
+    entries = {e.key: e.value for e in tensor.external_data}
+    if "location" not in entries:
+        raise ModelLoadError(f"{what} is marked as external data but has no 'location' entry")
+    offset = _external_int(entries, "offset", what)
+    length = _external_int(entries, "length", what)
+    target = _safe_location(root, entries["location"], tensor.name)
+    dims = tuple(tensor.dims)
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{what} has negative dims {list(dims)}")
+    want = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    size = target.stat().st_size
+    span = want if length is None else length
+    if length is None and offset <= size < offset + want:
+        raise ModelLoadError(f"{what} has dims {list(dims)} ({int(np.prod(dims))} {dtype} elements, {want} "
+                             f"bytes) but its external data {entries['location']!r} stores {size - offset} "
+                             f"bytes from offset {offset}")
+    if offset > size or offset + span > size:
+        said = f"offset {offset}" + (f" + length {length} = {offset + length}" if length is not None
+                                     else f" + {want} bytes = {offset + want}")
+        raise ModelLoadError(f"{what}: external data {entries['location']!r} is {size} bytes, but {said} "
+                             "reaches past its end (truncated weights file?)")
+    if length is not None and length != want:
+        raise ModelLoadError(f"{what} has dims {list(dims)} ({want} bytes of {dtype}) but its external "
+                             f"data entry says length {length}")
+    if want == 0:
+        return np.zeros(dims, dtype)
+    try:
+        # a plain ndarray over the map (kernels see no memmap subclass); read-only
+        return np.asarray(np.memmap(target, dtype=dtype, mode="r", offset=offset, shape=dims))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{what}: cannot map external data {entries['location']!r}: {e}") from None
 
 
 MAX_LOCATION = 4096  # characters: longer external-data locations are refused outright
@@ -161,50 +226,51 @@ def _safe_location(root: Path, location: str, tensor_name: str) -> Path:
     return target
 
 
-def prepare(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Inline model-local functions, then run ONNX shape inference (best effort)."""
+def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """Inline model-local functions, then run ONNX shape inference (best effort).
+
+    Large embedded weights move into `weights` (name -> array, viewing the bytes
+    protobuf handed out: no decode, no copy back); the returned proto keeps their dims
+    only, so neither inference nor anything after it copies weight bytes around."""
+    weights = {} if weights is None else weights
     if proto.functions:
         try:
             proto = onnx.inliner.inline_local_functions(proto)
         except Exception as e:  # noqa: BLE001 - the inliner raises assorted C++ errors
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
+    _set_weights_aside(proto, weights)
     try:
         with contrib_shape_inference(opset_map(proto)):
-            proto = _infer_without_weight_bytes(proto)
+            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are then resolved just in time
         pass
     return proto
 
 
 LARGE_INITIALIZER = 4096  # bytes: bigger initializers never feed shape computations
+SET_ASIDE = "set-aside-by-the-workbench-loader"  # the location a set-aside weight points to
 
 
-def _infer_without_weight_bytes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference copies the whole model several times; weights only need their
-    dims, so their bytes are set aside during inference and put back after."""
-    weights: dict[str, bytes] = {}
+def _set_weights_aside(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
     for t in proto.graph.initializer:
-        if t.HasField("raw_data") and len(t.raw_data) > LARGE_INITIALIZER:
-            weights[t.name] = t.raw_data
-            t.ClearField("raw_data")
-            t.data_location = onnx.TensorProto.EXTERNAL  # dims only; never read
-            entry = t.external_data.add()
-            entry.key, entry.value = "location", "set-aside-during-shape-inference"
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    finally:
-        for model in (proto,):
-            _restore(model, weights)
-    _restore(inferred, weights)
-    return inferred
-
-
-def _restore(model: onnx.ModelProto, weights: dict[str, bytes]) -> None:
-    for t in model.graph.initializer:
-        if t.name in weights and not t.HasField("raw_data"):
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = weights[t.name]
+        if not t.HasField("raw_data") or t.name in weights or t.HasField("segment"):
+            continue
+        dtype = _plain_dtype(t.data_type)
+        if dtype is None:
+            continue  # decoded by onnx (bfloat16, packed int4, ...): left in the proto
+        raw = t.raw_data  # protobuf hands out a copy on every access: take it once
+        if len(raw) <= LARGE_INITIALIZER:
+            continue
+        dims = tuple(t.dims)
+        want = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize if all(d >= 0 for d in dims) else -1
+        if len(raw) != want:  # the check validation would make, before the bytes leave the proto
+            raise ModelLoadError(f"initializer {t.name!r} has dims {list(dims)} ({want} bytes of {dtype}) "
+                                 f"but stores {len(raw)} bytes of raw_data")
+        weights[t.name] = np.frombuffer(raw, dtype=dtype).reshape(dims)  # a read-only view, no copy
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL  # dims only; never read from here
+        entry = t.external_data.add()
+        entry.key, entry.value = "location", SET_ASIDE
 
 
 def opset_map(proto: onnx.ModelProto) -> dict[str, int]:
@@ -219,8 +285,9 @@ def opset_map(proto: onnx.ModelProto) -> dict[str, int]:
 class GraphBuilder:
     """Turns a GraphProto (and its subgraphs) into workbench Graphs."""
 
-    def __init__(self, opsets: dict[str, int]):
+    def __init__(self, opsets: dict[str, int], weights: dict[str, np.ndarray] | None = None):
         self.opsets = opsets
+        self.weights = weights or {}  # main-graph initializers set aside or memory-mapped
         self._fresh = itertools.count()
 
     def build(self, gp: onnx.GraphProto, outer: Callable[[str], Value | None] | None = None) -> Graph:
@@ -245,7 +312,7 @@ class GraphBuilder:
         init_names = set()
         for t in gp.initializer:
             vid = value_id(t.name)
-            arr = _tensor_to_array(t)
+            arr = self._initializer(t, main=outer is _nothing_visible)
             g.initializers[vid] = arr
             v = g.values[vid]
             v.elem_type, v.dtype, v.shape = t.data_type, arr.dtype, tuple(arr.shape)
@@ -310,6 +377,14 @@ class GraphBuilder:
         g.outputs = [read(vi.name) for vi in gp.output]
         g.outer_inputs = list(captured.values())
         return g
+
+    def _initializer(self, t: onnx.TensorProto, main: bool) -> np.ndarray:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return _tensor_to_array(t)
+        arr = self.weights.get(t.name) if main else None
+        if arr is None or tuple(arr.shape) != tuple(t.dims):
+            raise ModelLoadError(f"initializer {t.name!r}: its external data was not loaded")
+        return arr
 
     def _value(self, vid: int, name: str, vi: onnx.ValueInfoProto | None) -> Value:
         if vi is None or not vi.type.HasField("tensor_type"):
@@ -394,7 +469,8 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
 
 def load_graph(model: Any) -> tuple[Graph, onnx.ModelProto]:
     """Read, validate, inline and shape-infer a model; return its main Graph and the prepared proto."""
-    proto = prepare(read_model(model))
+    weights: dict[str, np.ndarray] = {}
+    proto = prepare(read_model(model, weights), weights)
     check_model(proto, opset_map(proto))
-    graph = GraphBuilder(opset_map(proto)).build(proto.graph)
+    graph = GraphBuilder(opset_map(proto), weights).build(proto.graph)
     return graph, proto
