@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import mmap
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 
