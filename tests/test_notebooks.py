@@ -11,9 +11,10 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_four_notebooks_are_there():
+def test_the_five_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01_tour.ipynb", "02_capture_declines.ipynb",
-                                           "03_memo_and_views.ipynb", "04_bring_your_own_model.ipynb"]
+                                           "03_memo_and_views.ipynb", "04_bring_your_own_model.ipynb",
+                                           "05_debugging_a_decode.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -25,11 +25,11 @@ class DiagnosticsView(RecordingView):
     directory) makes "diff" compare the two recordings instead of two steps."""
 
     def __init__(self, source: Any, *, compare: Any = None, **kwargs: Any):
-        self._compare = as_frames(compare) if compare is not None else None
+        self._other_frames = as_frames(compare) if compare is not None else None
         super().__init__(source, **kwargs)
 
     def _build(self) -> list[W.Widget]:
-        self.model = DiagnosticsModel(self.frames, self._compare)
+        self.model = DiagnosticsModel(self.frames, self._other_frames)
         self.call = W.ToggleButtons(options=list(CALLS), value="coverage", tooltips=list(CALLS.values()),
                                     style={"button_width": "110px"})
         self.call.add_class("wb-diagnostic-call")
@@ -51,9 +51,9 @@ class DiagnosticsView(RecordingView):
         call = self.call.value
         self.message.value = ""
         is_diff = call == "diff"
-        self.diff_controls.layout.display = None if is_diff and self._compare is None else "none"
+        self.diff_controls.layout.display = None if is_diff and self._other_frames is None else "none"
         other = None
-        if is_diff and self._compare is None:
+        if is_diff and self._other_frames is None:
             steps = [int(s) for s in self.frames.get("steps")["step"] if int(s) != c.step]
             self._syncing = True
             try:
