@@ -168,6 +168,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
     st["wall"] = [fmt_ms(x) for x in st["wall_ms"]]
     st["resident peak"] = [fmt_bytes(x) for x in st["resident_peak_bytes"]]
     page.table(st[["step", "slot", "phase", "wall", "resident peak", "token", "bindings"]])
+    page.figure(figures.latency_figure(steps.latency_frame(f)))
 
     page.section("mechanisms", "Memo, Stage 2 and capture per step")
     lanes = memo.mechanism_lanes(f)
