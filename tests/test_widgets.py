@@ -596,3 +596,12 @@ def test_the_diagnostics_tab_compares_two_recordings():
     view.show("diff")
     assert "vs the compared one" in view.headline.value and view.diff_controls.layout.display == "none"
     assert "capture_disabled" in view.table.frame.item.tolist()
+
+
+def test_table_cells_explain_jargon_on_hover():
+    from workbench.widgets.table import frame_html
+
+    page = frame_html(pd.DataFrame({"reason": ["host_read", "<b>x</b>"], "slot": ["primary", "verify"]}))
+    assert 'title="host_read: capture decline: the kernel reads an input&#x27;s values on the host' in page
+    assert 'title="primary: slot primary: the captured graphs for ordinary one-token decode steps' in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page

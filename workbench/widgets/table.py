@@ -8,6 +8,7 @@ from collections.abc import Callable
 import ipywidgets as W
 import pandas as pd
 
+from ..reports.vocabulary import explain
 from .model.paging import page_of
 
 __all__ = ["PagedTable", "frame_html"]
@@ -30,16 +31,24 @@ def _text(v) -> str:
     return str(v)
 
 
+def _hover(v) -> str:
+    """A cell's hover: the glossary sentence for jargon (a reason code, a mode, a slot),
+    else the full text (cells are cut short)."""
+    text = _text(v)
+    return (f"{text}: {explain(text)}" if isinstance(v, str) and explain(text) else text)
+
+
 def frame_html(df: pd.DataFrame, formatters: dict[str, Callable] | None = None,
                selected: Callable[[pd.Series], bool] | None = None) -> str:
-    """An escaped HTML table of `df` (every cell through `html.escape`)."""
+    """An escaped HTML table of `df` (every cell through `html.escape`); hovering a cell
+    shows its full text, and for jargon (`reports.GLOSSARY`) what it means."""
     formatters = formatters or {}
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     body = []
     for _, row in df.iterrows():
         cls = ' class="wb-sel"' if selected is not None and selected(row) else ""
         cells = "".join(
-            f"<td title=\"{html.escape(_text(row[c]))}\">{html.escape(formatters.get(c, _text)(row[c]))}</td>"
+            f"<td title=\"{html.escape(_hover(row[c]))}\">{html.escape(formatters.get(c, _text)(row[c]))}</td>"
             for c in df.columns)
         body.append(f"<tr{cls}>{cells}</tr>")
     return (f'{_STYLE}<div style="overflow-x:auto;max-width:100%"><table class="wb-tbl"><thead><tr>{head}'
