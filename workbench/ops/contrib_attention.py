@@ -239,7 +239,7 @@ def _same_buffer(a: Any, b: Any) -> bool:
         return False
     if a is b:
         return True
-    return a.shape == b.shape and a.strides == b.strides and _address(a) == _address(b)
+    return a.shape == b.shape and a.strides == b.strides and _address(a) == _address(b)  # host-ok: addresses, not values
 
 
 def _address(a: Any) -> int:
@@ -263,7 +263,7 @@ def _overlap(a: Any, b: Any) -> bool:
         return lo, hi + x.itemsize
 
     (a0, a1), (b0, b1) = extent(a), extent(b)
-    return a0 < b1 and b0 < a1
+    return a0 < b1 and b0 < a1  # host-ok: address ranges, not values
 
 
 # --- GroupQueryAttention ----------------------------------------------------------------
