@@ -110,3 +110,105 @@ def test_genai_tied_embeddings_fold_and_decode_token_exact():
         a = Generator(session).generate(list(range(3, 11)), 16, progress=False, eos_token_id=-1, kv=kv)
         b = Generator(peer).generate(list(range(3, 11)), 16, progress=False, eos_token_id=-1, kv=kv)
         assert a.tokens == b.tokens
+
+
+# -- shape arithmetic folding (graph_optimization_level extended / all) -------------------
+
+
+def _onnx_llama_session(**options):
+    from workbench import models
+
+    options.setdefault("decode_memo_verify", False)
+    return workbench.InferenceSession(models.llama("tiny", flavor="onnx").SerializeToString(),
+                                      SessionOptions(**options))
+
+
+def _decode(session, on_token=None, tokens=16):
+    from workbench import Generator
+
+    return Generator(session).generate(list(range(3, 11)), tokens, progress=False, eos_token_id=-1,
+                                       on_token=on_token)
+
+
+def test_shape_arithmetic_is_folded_on_replays_token_exact():
+    from workbench import Generator, models
+
+    session = _onnx_llama_session(shadow="raise")
+    got = _decode(session)
+    data = models.llama("tiny", flavor="onnx").SerializeToString()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = Generator(ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])).generate(
+        list(range(3, 11)), 16, progress=False, eos_token_id=-1)
+    assert got.tokens == want.tokens
+    stats = session.memo_stats()
+    assert stats["shape_folded"] >= 10 * (stats["replayed"] - 1), "a dozen or more nodes a replayed step"
+    fold = session.executor.state.shape_fold
+    ops = {session.plan.nodes[k].node.op_type for k in fold.nodes}
+    assert "Shape" in ops and ops <= {"Shape", "Gather", "Unsqueeze", "Concat", "Cast", "Squeeze", "Slice"} | ops
+    timings = session.recording.node_timings()
+    assert (timings["mode"] == "elided").sum() >= stats["shape_folded"]
+    assert _onnx_llama_session(graph_optimization_level="basic") is not None
+    basic = _onnx_llama_session(graph_optimization_level="basic")
+    _decode(basic)
+    assert basic.memo_stats()["shape_folded"] == 0, "basic folds constants only"
+
+
+def test_shape_folding_trusts_only_what_it_saw_the_kernels_compute():
+    session = _onnx_llama_session()
+    state = session.executor.state
+
+    def corrupt_before_validation(_):
+        fold = state.shape_fold
+        if fold is not None and not fold.validated and not getattr(fold, "_poked", False):
+            vid = next(iter(fold.values))
+            fold.values[vid] = fold.values[vid] + 1  # a reference value the kernels will disagree with
+            fold._poked = True
+
+    _decode(session, on_token=corrupt_before_validation)
+    assert session.memo_stats()["shape_folded"] == 0, "disagreement at validation: never served"
+
+
+def _shape_value_model():
+    """A fixed-shape input whose Shape flows into values (not shapes), plus a growing
+    KV-like input so the memo replays."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="x/Shape"),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT, name="x/Shape/Cast"),
+             helper.make_node("Add", ["sf", "z"], ["y"], name="use/Add"),
+             helper.make_node("Concat", ["past", "row"], ["present"], axis=1, name="kv/Concat")]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+        helper.make_tensor_value_info("z", TensorProto.FLOAT, [2]),
+        helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "T", 2]),
+        helper.make_tensor_value_info("row", TensorProto.FLOAT, [1, 1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, "T1", 2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shadow_names_shape_folding_when_a_served_value_is_wrong():
+    model = _shape_value_model()
+    session = workbench.InferenceSession(model, SessionOptions(shadow="record", capture=False,
+                                                               decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(2)
+    x, z, row = np.empty((2, 3), np.float32), np.empty(2, np.float32), np.empty((1, 1, 2), np.float32)
+    past = np.zeros((1, 0, 2), np.float32)
+    poked = False
+    for run in range(RUNS):
+        for a in (x, z, row):
+            a[...] = rng.standard_normal(a.shape)
+        fold = session.executor.state.shape_fold
+        if fold is not None and fold.validated and not poked:
+            (stored,) = [v for o, v in fold.values.items() if session.graph.values[o].name == "s"]
+            stored[...] = [5, 5]  # the served value is now wrong
+            poked = True
+        got = session.run(None, {"x": x, "z": z, "past": past, "row": row})
+        want = oracle.run(None, {"x": x.copy(), "z": z.copy(), "past": past.copy(), "row": row.copy()})
+        if not poked:
+            np.testing.assert_allclose(got[0], want[0], err_msg=f"run {run}")
+        past = got[1]
+    assert poked
+    divergences = session.recording.divergences()
+    first = divergences.sort_values(["step", "plan_index"]).iloc[0]
+    assert (first.node, first.mechanism) == ("x/Shape", "shape_fold")

@@ -64,6 +64,7 @@ class Executor(DecodeMemoSteps):
         self.skip_unchanged_if = True
         self.shadow = Shadow(self.options.shadow if not jit_only else "off", self.options.shadow_fraction)
         self._skipped_ifs: list[int] = []
+        self._folded: Any = ()  # plan indices shape folding served in the last run
         self.env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self.env[vid] = backend.from_host(arr)
@@ -226,10 +227,16 @@ class Executor(DecodeMemoSteps):
         elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
         dispatch = self.state.dispatch
         reinstated: list[int] = []
+        fold = self.state.shape_fold
+        folded = fold.nodes if action == "replayed" and fold is not None and fold.validated else ()
+        self._folded = folded
 
         def run_nodes(indices, graph=None):
             for k in indices:
                 d = dispatch[k]
+                if k in folded:
+                    self._reinstate_shape_values(d.p, fold, env, rec)
+                    continue
                 if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
                     reinstated.append(k)
                     continue
@@ -246,6 +253,8 @@ class Executor(DecodeMemoSteps):
         if action == "replayed" and self.options.decode_memo_verify:
             self._verify_shapes_against_kernels(env)
         self._stage2_after_run(action, observed)
+        self._shape_fold_after_run(action)
+        self.memo_stats.shape_folded += len(folded)
         divergences = self._shadow_check(snapshot, env, action, reinstated, slot, rec)
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
         self.memo_stats.dispatch_elided += len(reinstated)
@@ -295,6 +304,7 @@ class Executor(DecodeMemoSteps):
             return []
         mechanisms = {k: "capture_replay" for k in self.capture_runner.replayed_nodes}
         mechanisms.update({k: "view_plan" for k in reinstated})
+        mechanisms.update({k: "shape_fold" for k in self._folded})
         mechanisms.update({k: "if_skip" for k in self._skipped_ifs})
         if not mechanisms and action != "replayed":
             self.shadow.served -= 1  # nothing was served after all: not a shadowed step

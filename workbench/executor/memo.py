@@ -133,6 +133,67 @@ def view_plan_admission(p: Any, invariant: dict, observed: dict[int, tuple], sta
     return None
 
 
+#: ops that turn an input's shape into a value
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+#: ops that shape arithmetic chains through (torch exports: Shape -> Gather -> Unsqueeze
+#: -> Concat -> Reshape's shape input); a node of these folds only when every input is
+#: an initializer or itself shape-derived
+SHAPE_ARITHMETIC = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Add", "Sub", "Mul",
+                              "Div", "Neg", "Slice", "Reshape", "Identity", "Equal", "Where", "Max",
+                              "Min", "Range", "ReduceProd", "Abs"})
+#: folded values are kept per slot; only small ones are worth keeping
+SHAPE_FOLD_MAX_ELEMENTS = 1024
+
+
+def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any) -> frozenset[int]:
+    """Plan indices of the shape arithmetic whose values, under a memo replay, equal
+    the reference step's: Shape/Size of a value whose shape names no varying symbol
+    (and is resolved), then every node of SHAPE_ARITHMETIC fed only by such values
+    and initializers. A pure function of shapes, so it is exact by construction; the
+    executor still checks it once (`ShapeFold.validated`) before trusting it."""
+    derived: set[int] = set()
+    nodes: set[int] = set()
+    for p in plan.nodes:
+        node = p.node
+        if node.domain or node.subgraphs or node.captures:
+            continue
+        if node.op_type in SHAPE_SOURCES:
+            src = p.inputs[0] if p.inputs else -1
+            if src < 0 or src not in invariant or shapes.get(src) is None:
+                continue
+        elif node.op_type in SHAPE_ARITHMETIC:
+            ins = [i for i in p.inputs if i >= 0]
+            if not ins or not all(i in derived or i in initializers for i in ins) \
+                    or not any(i in derived for i in ins):
+                continue
+        else:
+            continue
+        outs = [o for o in p.outputs if o >= 0]
+        if not outs or not all(o in invariant and shapes.get(o) is not None
+                               and _numel(shapes[o]) <= SHAPE_FOLD_MAX_ELEMENTS for o in outs):
+            continue
+        nodes.add(p.index)
+        derived.update(outs)
+    return frozenset(nodes)
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass
+class ShapeFold:
+    """Shape arithmetic served from the reference step instead of dispatched."""
+
+    nodes: frozenset[int]
+    #: value id -> a private copy of its value at the reference step
+    values: dict[int, Any] = field(default_factory=dict)
+    validated: bool = False
+
+
 @dataclass
 class MemoStats:
     """Counters of what the memo did over a session (see `session.memo_stats()`)."""
@@ -145,6 +206,7 @@ class MemoStats:
     verified: int = 0
     views_reused: int = 0
     dispatch_elided: int = 0
+    shape_folded: int = 0
     stage2_mismatches: int = 0
     stage2_latched: bool = False
 

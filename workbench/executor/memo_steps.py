@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..errors import MemoVerifyError
 from .memo import (
     STAGE2_MISMATCH_LIMIT,
     DecodePlanMemo,
+    ShapeFold,
     ViewPlan,
     growth_transition,
+    shape_fold_nodes,
     shape_mentions,
     signature_diff,
     view_plan_admission,
@@ -157,6 +161,38 @@ class DecodeMemoSteps:
                 return f"view plan source {name!r} moved or resized"
         self.state.stage2_streak = 0
         return None
+
+    # -- shape arithmetic folding ------------------------------------------------------
+
+    def _shape_fold_after_run(self, action: str) -> None:
+        """After a rebuild, keep the shape arithmetic `shape_fold_nodes` finds (private
+        copies of its values); on the next replay, compare it with what the kernels
+        computed, and trust it only if every value matched."""
+        state = self.state
+        if action == "rebuilt" and self.options.graph_optimization_level in ("extended", "all"):
+            nodes = shape_fold_nodes(self.plan, state.shapes, state.memo.invariant, self.graph.initializers)
+            outputs = [o for k in nodes for o in self.plan.nodes[k].outputs if o >= 0]
+            if nodes and all(self.env[o] is not None for o in outputs):
+                to_host, from_host = self.backend.to_host, self.backend.from_host
+                state.shape_fold = ShapeFold(nodes, {o: from_host(to_host(self.env[o])) for o in outputs})
+            else:
+                state.shape_fold = None
+        elif action == "replayed" and state.shape_fold is not None and not state.shape_fold.validated:
+            fold = state.shape_fold
+            to_host = self.backend.to_host
+            fold.validated = all(self.env[o] is not None and np.array_equal(to_host(self.env[o]), to_host(v))
+                                 for o, v in fold.values.items())
+            if not fold.validated:
+                state.shape_fold = None
+        elif action != "replayed":
+            state.shape_fold = None
+
+    def _reinstate_shape_values(self, p: PlanNode, fold: ShapeFold, env: list, rec: Any) -> None:
+        for o in p.outputs:
+            if o >= 0:
+                env[o] = fold.values[o]
+        if rec is not None:
+            rec.node(p.index, "elided", 0.0)
 
     def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
         """Build candidates after a rebuild; validate them on the next replay."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capture import SlotCapture
-from .memo import DecodePlanMemo, ViewPlan
+from .memo import DecodePlanMemo, ShapeFold, ViewPlan
 from .storage import StoragePlan
 
 
@@ -44,5 +44,7 @@ class SlotState:
     view_plan: ViewPlan | None = None
     stage2_streak: int = 0
     stage2_latched: bool = False
+    #: shape arithmetic folded on replays (see memo.shape_fold_nodes)
+    shape_fold: ShapeFold | None = None
     # -- device-graph capture ------------------------------------------------------------
     capture: SlotCapture = field(default_factory=SlotCapture)
