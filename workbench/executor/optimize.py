@@ -10,9 +10,11 @@ file and why:
 - ``dead_node``: a node none of whose outputs is read (after folding, or in the file).
 - ``unused_initializer``: weights nothing reads any more, released.
 
-Levels: ``disabled``; ``basic``, ``extended`` and ``all`` make the rewrites above
-(no fusion rule exists yet, so the upper levels add nothing; the names mirror
-onnxruntime's `GraphOptimizationLevel` so one setting means the same in both).
+Levels (named as onnxruntime's `GraphOptimizationLevel`): ``disabled``; ``basic``
+makes the rewrites above; ``extended`` and ``all`` also fold shape arithmetic at run
+time on decode-plan memo replays (`memo.shape_fold_nodes`: Shape -> Gather ->
+Unsqueeze -> Concat chains over invariant shapes, served from the reference step).
+No fusion rule exists yet.
 Folding uses the workbench's own kernels, the ones a run would use, so a folded
 value is the value the unfolded graph computes.
 """
