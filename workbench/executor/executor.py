@@ -27,7 +27,7 @@ from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
-from .views import address, is_view_of
+from .views import address, is_view_of, storage_root
 
 
 @dataclass
@@ -262,6 +262,7 @@ class Executor(DecodeMemoSteps):
         if rec is not None:
             self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(reinstated), views_reused)
             self._emit_liveness(rec, env, released, pinned)
+            self._emit_io_buffers(rec, feeds, bound, env)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
             first = divergences[0]
@@ -476,6 +477,20 @@ class Executor(DecodeMemoSteps):
             append((vid, kind, owner, nbytes, first, last, owner in pinned,
                     released.get(owner, -1) if released else -1))
         rec.liveness(rows)
+
+    def _emit_io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
+        """Where this step's caller-facing arrays live: every feed, bound output and graph
+        output, with the buffer underneath (a KV past may be a view of a bigger cache),
+        so reports can tell a cache that moved or was copied from one grown in place."""
+        rows = [(vid, "feed", feeds[vid]) for vid in feeds]
+        rows += [(vid, "bound_output", arr) for vid, arr in bound.items()]
+        rows += [(vid, "output", env[vid]) for vid in self.graph.outputs if vid not in bound]
+        for vid, role, arr in rows:
+            if not hasattr(arr, "nbytes"):
+                continue
+            base = storage_root(arr)
+            rec.add_row("io_buffers", value_id=vid, role=role, address=address(arr), nbytes=int(arr.nbytes),
+                        base_address=address(base), base_nbytes=int(getattr(base, "nbytes", arr.nbytes)))
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
         for vid, arr in bound.items():
