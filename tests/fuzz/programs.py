@@ -311,7 +311,8 @@ class _Gen:
             return None
         names = ["Neg", "Relu", "Tanh", "Sigmoid", "Abs"] + (["Exp"] if v.bound <= 3 else [])
         name = self.d.choice(names)
-        bound = {"Tanh": 1.0, "Sigmoid": 1.0, "Exp": math.exp(v.bound)}.get(name, v.bound)
+        # (math.exp only for Exp: other operands' bounds may be far beyond exp's range)
+        bound = math.exp(v.bound) if name == "Exp" else {"Tanh": 1.0, "Sigmoid": 1.0}.get(name, v.bound)
         return self.emit("unary", [v.name], [self.out(v.dims, bound)], op=name)
 
     def _op_binary(self):
