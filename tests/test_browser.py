@@ -1,8 +1,9 @@
 """A real browser: JupyterLab on 127.0.0.1 runs notebooks/01_tour.ipynb in headless Chromium.
 
-Runs all cells, checks that the widgets and plotly plots rendered, moves the decode
-workbench's step control and checks the views changed, finds no errors in the browser
-console, and saves screenshots in the test's temporary folder. Skips only when Debian's
+Runs all cells; checks that the live decode workbench is on screen (and fills in) before
+its decode ends, that the widgets and plotly plots rendered, that a step / node change
+reaches every tab, that the Diagnostics tab and the search box work; finds no errors in
+the browser console, and saves screenshots of every tab in the test's temporary folder. Skips only when Debian's
 `chromium` is not installed (`apt-get install -y chromium`); playwright drives it
 through `executable_path` and never downloads a browser.
 
@@ -34,6 +35,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "01_tour.ipynb"
+#: notebook 01's live decode: 20 new tokens, so 20 steps (the prefill and 19 decode steps)
+FINAL = "step 19 (20/20)"
+PREV, PREV_STEP = "step 18 (19/20)", 18
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)", allow_module_level=True)
@@ -145,8 +149,24 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
                 timeout=90_000)
             page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
             page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
-
             notebook = page.locator(".jp-NotebookPanel:visible")
+
+            # the live workbench is on screen while it decodes, and fills in step by step
+            live_label = notebook.locator(".wb-workbench .wb-step-label").first
+            seen: list[str] = []
+            deadline = time.monotonic() + 150
+            while not (seen and FINAL in seen[-1]):
+                assert time.monotonic() < deadline, f"the live decode never reached its last step: {seen}"
+                if live_label.count():
+                    text = live_label.inner_text(timeout=5_000)
+                    if not seen or seen[-1] != text:
+                        seen.append(text)
+                page.wait_for_timeout(100)
+            early = [t for t in seen if FINAL not in t]
+            assert early, f"the workbench appeared only once its decode had ended: {seen}"
+            steps_seen = {m.group(1) for t in seen for m in [re.search(r"step (\d+) \(", t)] if m}
+            assert len(steps_seen) >= 3, f"the steps did not fill in as they arrived: {seen}"
+
             n_code = notebook.locator(".jp-CodeCell").count()
             assert n_code >= 10
             prompts = notebook.locator(".jp-CodeCell .jp-InputArea-prompt")
@@ -166,12 +186,13 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
             wb = notebook.locator(".wb-workbench").first
             expect(wb).to_be_visible(timeout=30_000)
             expect(wb.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
-            expect(notebook.locator(".wb-view")).to_have_count(5 + 5)  # 5 standalone + 5 in the tabs
+            # 5 standalone + 6 in the tabs (Plan, Segmentation, Memo, Views, Liveness, Diagnostics)
+            expect(notebook.locator(".wb-view")).to_have_count(5 + 6)
             n_plots = notebook.locator(".js-plotly-plot").count()
             assert n_plots >= 6, n_plots
             label = wb.locator(".wb-step-label")
             first_label = label.inner_text()
-            assert re.search(r"step 11 \(12/12\)", first_label), first_label
+            assert FINAL in first_label, first_label
             plan_plot = wb.locator(".js-plotly-plot").first
             plot_before = plan_plot.inner_html()
             tokens_before = wb.locator(".wb-tokens").inner_html()
@@ -180,22 +201,63 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
 
             # move the step control: label, tokens panel and the plan plot all follow
             wb.locator(".wb-prev").first.click()
-            expect(label).to_contain_text("step 10 (11/12)", timeout=20_000)
+            expect(label).to_contain_text(PREV, timeout=20_000)
             deadline = time.monotonic() + 20
             while plan_plot.inner_html() == plot_before:
                 assert time.monotonic() < deadline, "the plan plot did not redraw for the new step"
                 page.wait_for_timeout(200)
             assert wb.locator(".wb-tokens").inner_html() != tokens_before
 
-            # pick a node: its details appear; switch to the Liveness tab: it draws there
+            # pick a node: its details appear
             wb.locator(".wb-node-pick select").select_option(index=40)
             expect(wb.locator(".wb-node-detail")).to_contain_text("#39 ", timeout=20_000)
-            wb.locator(".lm-TabBar-tab").get_by_text("Liveness", exact=True).click()
-            numbers = wb.locator(".wb-memory-numbers")
-            expect(numbers).to_contain_text("step 10", timeout=20_000)
-            expect(numbers).to_contain_text("at node #39", timeout=20_000)
-            expect(numbers.locator("xpath=../..").locator(".js-plotly-plot").first).to_be_visible(timeout=20_000)
             page.wait_for_timeout(500)
+            wb.screenshot(path=str(tmp_path / "01_tab_plan.png"))
+
+            # every tab shows the selected step (and node, where a tab is about nodes)
+            step = PREV_STEP
+            expect_in_tab = {
+                "Segmentation": [f"Declines by reason at step {step}"],
+                "Memo & capture": [f"step {step}"],
+                "Views & aliases": [f"Views at step {step}"],
+                "Liveness": [f"step {step}", "at node #39"],
+                "Diagnostics": [],
+            }
+            for tab, texts in expect_in_tab.items():
+                wb.locator(".lm-TabBar-tab").get_by_text(tab, exact=True).click()
+                for text in texts:
+                    expect(wb).to_contain_text(text, timeout=20_000)
+                expect(wb.locator(".js-plotly-plot:visible").first).to_be_visible(timeout=20_000)
+                page.wait_for_timeout(700)
+                wb.screenshot(path=str(tmp_path / f"01_tab_{tab.split()[0].lower()}.png"))
+            numbers = wb.locator(".wb-memory-numbers")
+            expect(numbers).to_contain_text(f"step {step}", timeout=20_000)
+
+            # Diagnostics: a call at the selected step, the selected node's row highlighted
+            wb.locator(".wb-diagnostic-call button").get_by_text("peak values", exact=True).click()
+            headline = wb.locator(".wb-diagnostic-headline")
+            expect(headline).to_contain_text(f"peak values · step {step}:", timeout=20_000)
+            wb.locator(".wb-diagnostic-call button").get_by_text("seam costs", exact=True).click()
+            expect(headline).to_contain_text("costliest", timeout=20_000)
+            wb.locator(".wb-next").first.click()  # a step change reaches the open Diagnostics tab too
+            wb.locator(".wb-diagnostic-call button").get_by_text("resident", exact=True).click()
+            expect(headline).to_contain_text(f"step {step + 1}:", timeout=20_000)
+
+            # the search box: every tab jumps to the node
+            search = wb.locator(".wb-search input")
+            search.fill("repeat_kv/Expand")
+            search.press("Enter")
+            expect(wb.locator(".wb-search-label")).to_contain_text("→ #", timeout=20_000)
+            found = int(re.search(r"#(\d+)", wb.locator(".wb-search-label").inner_text()).group(1))
+            expect(wb.locator(".wb-diagnostic-call")).to_be_visible()
+            wb.locator(".lm-TabBar-tab").get_by_text("Plan", exact=True).click()
+            expect(wb.locator(".wb-node-detail")).to_contain_text(f"#{found} ", timeout=20_000)
+            wb.locator(".lm-TabBar-tab").get_by_text("Liveness", exact=True).click()
+            expect(numbers).to_contain_text(f"at node #{found}", timeout=20_000)
+            wb.locator(".lm-TabBar-tab").get_by_text("Segmentation", exact=True).click()
+            expect(wb.locator(".wb-seam-detail")).to_contain_text(f"#{found} ", timeout=20_000)
+            page.wait_for_timeout(500)
+            wb.screenshot(path=str(tmp_path / "01_tab_segmentation_seam.png"))
             shot = tmp_path / "01_tour_workbench.png"
             wb.screenshot(path=str(shot))
             page.screenshot(path=str(tmp_path / "01_tour_page.png"))

@@ -420,6 +420,50 @@ def test_workbench_decodes_live_and_shows_every_step():
     assert max(result.step_times) < 0.25
 
 
+def test_workbench_appears_before_the_decode_ends_and_makes_figures_only_for_open_tabs():
+    """A FigureWidget carries plotly.js (~5 MB the browser evaluates): a workbench that
+    made one per view up front showed up only after a short decode had ended."""
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    t0 = time.perf_counter()
+    wb = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=6, eos_token_id=-1, step_delay=0.3)
+    built = time.perf_counter() - t0
+    assert wb.live.running and len(session.recording) < 6, "the constructor returned before the decode ended"
+    assert built < 2.0, built
+    figures = [w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]
+    assert len(figures) <= 1, "only the open tab (Plan) may make a figure"
+    wb.wait(timeout=60)
+    assert len([w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]) == 1
+    wb.tabs.selected_index = 4  # Liveness: its figures are made when it opens
+    assert len([w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]) == 2
+
+
+def test_each_live_decode_gets_its_own_recording():
+    """Re-running a DecodeWorkbench cell listed the previous decode's tokens before the
+    new prefill: every decode now records into a fresh Recording of its own."""
+    from workbench.reports import tokens_frame
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    generator = Generator(session)
+    first = DecodeWorkbench(generator, [3, 4, 5], max_new_tokens=4, eos_token_id=-1)
+    r1 = first.wait(timeout=60)
+    rec1 = session.recording
+    second = DecodeWorkbench(generator, [9, 8, 7, 6], max_new_tokens=3, eos_token_id=-1)
+    r2 = second.wait(timeout=60)
+    rec2 = session.recording
+    assert rec2 is not rec1 and second.recording is rec2 and first.recording is rec1
+    assert len(rec1) == 4 and len(rec2) == 3  # the first one is kept intact
+    assert rec2.steps().phase.iloc[0] == "prefill"
+    assert tokens_frame(second.frames).token.tolist() == r2.tokens
+    assert tokens_frame(first.frames).token.tolist() == r1.tokens
+    strip = token_strip(second.frames, 0, second.prompt)["items"]
+    assert [t for t, k in strip if k == "prompt"] == [9, 8, 7, 6] and len(strip) == 4 + 3
+    assert rec2.nodes().equals(rec1.nodes()) and rec2.values().equals(rec1.values())
+    assert second.cursor.steps == [0, 1, 2]
+
+
 def test_workbench_follows_a_live_speculative_decode_across_slots():
     from workbench.widgets import DecodeWorkbench
 

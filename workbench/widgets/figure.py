@@ -11,19 +11,24 @@ __all__ = ["FigureHolder", "show_figure"]
 
 
 class FigureHolder(W.VBox):
-    """A full-width slot holding one plotly `FigureWidget`.
+    """A full-width slot for one plotly `FigureWidget`, made on the first `show()`.
 
-    The FigureWidget exists from the start (empty): the browser sizes a plot to its
-    container when the container is shown, so a figure first drawn inside a hidden tab
-    still fills the width once the tab opens.
+    A FigureWidget carries plotly.js itself (about 5 MB of JavaScript the browser must
+    receive and evaluate per widget), so a workbench that made all of its figures up
+    front appeared only seconds after the cell ran. Made lazily, only the figures of
+    the tabs a person opens exist; views render only while shown, so a figure is first
+    drawn inside a visible container and is sized to it.
     """
 
     def __init__(self) -> None:
-        self.widget = go.FigureWidget(layout={"template": "plotly_white", "height": 120})
-        super().__init__([self.widget], layout=W.Layout(width="100%"))
+        self.widget: go.FigureWidget | None = None
+        super().__init__([], layout=W.Layout(width="100%"))
         self.add_class("wb-figure")
 
     def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
+        if self.widget is None:
+            self.widget = go.FigureWidget(layout={"template": "plotly_white", "height": 120})
+            self.children = [self.widget]
         show_figure(self.widget, fig, on_click)
 
 

@@ -35,9 +35,11 @@ class ViewAliasView(RecordingView):
         self._syncing = False
         self._value: str | None = None
         self.pick.observe(self._picked, names="value")
-        return [self.pick, W.HBox([self.walk_fig, self.explain]), W.HTML("<b>Views at this step</b>"),
-                self.views_table, W.HTML("<b>In-place writes at this step</b> (value written into a dead "
-                                         "input's buffer)"), self.alias_table]
+        self.views_head = W.HTML("<b>Views at this step</b>")
+        self.views_head.add_class("wb-views-head")
+        self.alias_head = W.HTML("<b>In-place writes at this step</b>")
+        return [self.pick, W.HBox([self.walk_fig, self.explain]), self.views_head, self.views_table,
+                self.alias_head, self.alias_table]
 
     def _render(self) -> None:
         c = self.cursor
@@ -59,7 +61,11 @@ class ViewAliasView(RecordingView):
         self._render_walk()
         value = self._value
         self.views_table.set_frame(views[_VIEW_COLUMNS], None, lambda r: r["value"] == value)
-        self.alias_table.set_frame(self.model.aliases(c.step))
+        aliases = self.model.aliases(c.step)
+        self.views_head.value = f"<b>Views at step {c.step}</b> ({len(views)} values that own no bytes)"
+        self.alias_head.value = (f"<b>In-place writes at step {c.step}</b> ({len(aliases)}: a value written "
+                                 "into a dead input's buffer)")
+        self.alias_table.set_frame(aliases)
 
     def _render_walk(self) -> None:
         walk = self.model.walk(self.cursor.step, self._value)

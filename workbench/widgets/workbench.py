@@ -36,7 +36,10 @@ class DecodeWorkbench(W.VBox):
 
     `DecodeWorkbench(recording)` (or a saved recording's directory) replays what was
     recorded. `DecodeWorkbench(generator, prompt, max_new_tokens=16)` decodes live on a
-    thread: each step appears as soon as it is recorded, at most every
+    thread into a fresh Recording of its own (the session's earlier one is kept intact
+    and replaced as `session.recording`: re-running the cell shows one decode, never the
+    previous one's steps before it); the widget is shown at once and each step appears
+    as soon as it is recorded, at most every
     `refresh_interval` seconds (the last step always shows; `wait()` blocks until done;
     `step_delay` seconds between steps make it watchable). `decode_text(ids) -> str`
     shows the text of the tokens so far.
@@ -59,11 +62,10 @@ class DecodeWorkbench(W.VBox):
         self.decode_text = decode_text
         generator = _as_generator(source) if prompt is not None else None
         if generator is not None:
-            rec = getattr(generator.session, "recording", None)
-            if rec is None:
+            if getattr(generator.session, "recording", None) is None:
                 raise WorkbenchError("the generator's session records nothing (SessionOptions(trace=False)): "
                                      "create it with trace=True to watch it decode")
-            self.frames = Frames(rec)
+            self.frames = Frames(fresh_recording(generator.session))
         else:
             self.frames = as_frames(source)
         self.cursor = StepCursor(self.frames, follow=generator is not None)
@@ -217,6 +219,28 @@ class DecodeWorkbench(W.VBox):
     def select_node(self, plan_index: int) -> None:
         with self.lock:
             self.cursor.select_node(plan_index)
+
+
+def fresh_recording(session: Any):
+    """Give `session` a new, empty Recording with the same static tables (plan, values,
+    load-time rewrites) when its current one already holds steps; return the one the
+    next run records into. The old Recording is left untouched for whoever holds it."""
+    from ..trace import Recording
+
+    old = session.recording
+    if old is None or len(old) == 0:
+        return old
+    new = Recording()
+    new.set_static(old.nodes().to_dict("records"), old.values().to_dict("records"))
+    if "rewrites" in old.tables:
+        for row in old.table("rewrites").to_dict("records"):
+            row.pop("seq", None)
+            new.add_row("rewrites", **row)
+    session.recording = new
+    executor = getattr(session, "executor", None)  # the session hands its recording to its executor
+    if executor is not None and getattr(executor, "recording", None) is old:
+        executor.recording = new
+    return new
 
 
 def _as_generator(source: Any):
