@@ -464,6 +464,35 @@ def test_each_live_decode_gets_its_own_recording():
     assert second.cursor.steps == [0, 1, 2]
 
 
+class _Letters:
+    """A stand-in tokenizer (the real ones, GGUFTokenizer / SmolLM2's, need a download)."""
+
+    def decode(self, ids):
+        return "".join(" " + chr(97 + i % 26) for i in ids)
+
+
+def test_tokens_show_as_text_with_a_tokenizer_and_built_in_ids_say_they_are_synthetic():
+    from workbench.widgets import DecodeWorkbench
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    plain = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=3, eos_token_id=-1)
+    result = plain.wait(timeout=60)
+    assert "token ids:" in plain.tokens.value and "synthetic ids" in plain.tokens.value
+    texts = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=3, eos_token_id=-1,
+                            tokenizer=_Letters())
+    texts.wait(timeout=60)
+    value = texts.tokens.value
+    assert "synthetic" not in value and "tokens:" in value
+    last = texts.recording.steps().step.iloc[-1]
+    tok = int(workbench.reports.tokens_frame(texts.frames).token.iloc[-1])
+    assert f"title='id {tok}'" in value and f"&nbsp;{chr(97 + tok % 26)}</span>" in value  # text, id on hover
+    assert "<i> d e f" in value  # the running text, from the tokenizer's decode
+    assert f"token {tok} &#x27; {chr(97 + tok % 26)}&#x27;" in texts.controls.label.value and last >= 2
+    assert len(result.tokens) == 3
+    strip = token_strip(texts.frames, 0, [3], tokenizer=_Letters())
+    assert strip["pieces"][0] == " d" and len(strip["pieces"]) == len(strip["items"])
+
+
 def test_workbench_follows_a_live_speculative_decode_across_slots():
     from workbench.widgets import DecodeWorkbench
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import threading
+from collections.abc import Callable
 
 import ipywidgets as W
 
@@ -18,8 +19,10 @@ class StepControl(W.HBox):
     """Drives a `StepCursor`: the slider runs over the slot's recorded steps (its value is
     the position in that list); the label names the step, its phase, time and memo action."""
 
-    def __init__(self, cursor: StepCursor, interval_ms: int = 900, lock: threading.RLock | None = None):
+    def __init__(self, cursor: StepCursor, interval_ms: int = 900, lock: threading.RLock | None = None,
+                 token_text: Callable[[int], str | None] | None = None):
         self.cursor = cursor
+        self.token_text = token_text
         self.lock = lock if lock is not None else threading.RLock()
         self._syncing = False
         self.prev_btn = W.Button(description="◀", tooltip="previous step", layout=W.Layout(width="40px"))
@@ -80,6 +83,9 @@ class StepControl(W.HBox):
             return "<i>no step recorded yet</i>"
         info = step_info(c.frames, c.step)
         memo = f" · memo {html.escape(str(info['memo_action']))}" if info.get("memo_action") else ""
-        tok = f" · token {info['token']}" if info.get("token") is not None else ""
+        tok = ""
+        if info.get("token") is not None:
+            piece = self.token_text(int(info["token"])) if self.token_text is not None else None
+            tok = f" · token {info['token']}" + (f" {html.escape(repr(piece))}" if piece is not None else "")
         return (f"<b>step {c.step}</b> ({c.position + 1}/{n}) · {html.escape(str(info.get('phase') or 'run'))}"
                 f" · {fmt_ms(info.get('wall_ms'))}{memo}{tok}")

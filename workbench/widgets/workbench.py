@@ -18,6 +18,7 @@ from .diagnostics_view import DiagnosticsView
 from .liveness_view import LivenessView
 from .memo_timeline import MemoTimeline
 from .model import PlanModel, StepCursor, find, token_strip
+from .model.tokens import SYNTHETIC_IDS, is_builtin_model, piece_of
 from .plan_view import PlanView
 from .segmentation_view import SegmentationView
 from .table import frame_html
@@ -41,8 +42,12 @@ class DecodeWorkbench(W.VBox):
     previous one's steps before it); the widget is shown at once and each step appears
     as soon as it is recorded, at most every
     `refresh_interval` seconds (the last step always shows; `wait()` blocks until done;
-    `step_delay` seconds between steps make it watchable). `decode_text(ids) -> str`
-    shows the text of the tokens so far.
+    `step_delay` seconds between steps make it watchable).
+
+    Tokens show as text when a `tokenizer` is given (anything with `decode(ids)`, e.g.
+    `GGUFTokenizer` or the one `models.smollm2()` returns; hover a token for its id);
+    a built-in model's ids are said to be synthetic. `decode_text(ids) -> str` shows the
+    text of the tokens so far (default: the tokenizer's decode).
 
     The search box takes a node or value name (any part of it): every tab jumps to the
     node (a value's producer, or its first reader). The Diagnostics tab runs the
@@ -51,7 +56,8 @@ class DecodeWorkbench(W.VBox):
     """
 
     def __init__(self, source: Any, prompt: Sequence[int] | None = None, max_new_tokens: int = 16, *,
-                 decode_text: Callable[[list[int]], str] | None = None, step_delay: float = 0.0,
+                 decode_text: Callable[[list[int]], str] | None = None, tokenizer: Any = None,
+                 step_delay: float = 0.0,
                  refresh_interval: float = 0.25, start: bool = True, compare: Any = None,
                  **generate_kwargs: Any):
         self.lock = threading.RLock()
@@ -60,7 +66,10 @@ class DecodeWorkbench(W.VBox):
         self._last_refresh = 0.0
         self.prompt = list(prompt) if prompt is not None else None
         self.decode_text = decode_text
+        self.tokenizer = tokenizer
         generator = _as_generator(source) if prompt is not None else None
+        self.synthetic_ids = tokenizer is None and decode_text is None and is_builtin_model(
+            generator.session if generator is not None else getattr(source, "session", source))
         if generator is not None:
             if getattr(generator.session, "recording", None) is None:
                 raise WorkbenchError("the generator's session records nothing (SessionOptions(trace=False)): "
@@ -69,7 +78,8 @@ class DecodeWorkbench(W.VBox):
         else:
             self.frames = as_frames(source)
         self.cursor = StepCursor(self.frames, follow=generator is not None)
-        self.controls = StepControl(self.cursor, lock=self.lock)
+        self.controls = StepControl(self.cursor, lock=self.lock,
+                                    token_text=(lambda t: piece_of(tokenizer, t)) if tokenizer is not None else None)
         self.node_pick = W.Dropdown(options=[("(no node selected)", -1)] + PlanModel(self.frames).options(),
                                     value=-1, description="node", layout=W.Layout(width="560px"))
         self.node_pick.add_class("wb-node-pick")
@@ -192,13 +202,9 @@ class DecodeWorkbench(W.VBox):
         with self.lock:
             if self.node_pick.value != self.cursor.node:
                 self.node_pick.value = self.cursor.node
-            strip = token_strip(self.frames, self.cursor.step, self.prompt, self.decode_text)
-            spans = " ".join(f"<span style='{_TOKEN_STYLE[k]}'>{t}</span>" for t, k in strip["items"])
-            text = f"<div><i>{html.escape(strip['text'])}</i></div>" if strip["text"] is not None else ""
-            if self.live is not None and self.live.error is not None:
-                text += f"<div style='color:#d62728'>decode failed: {html.escape(str(self.live.error))}</div>"
-            self.tokens.value = (f"<div style='font-family:var(--jp-code-font-family,monospace)'>tokens: "
-                                 f"{spans or '—'}</div>{text}")
+            strip = token_strip(self.frames, self.cursor.step, self.prompt, self.decode_text, self.tokenizer)
+            self.tokens.value = tokens_html(strip, self.synthetic_ids,
+                                            None if self.live is None else self.live.error)
             if self.tabs.selected_index == len(self.views):
                 self._render_summary()
 
@@ -219,6 +225,29 @@ class DecodeWorkbench(W.VBox):
     def select_node(self, plan_index: int) -> None:
         with self.lock:
             self.cursor.select_node(plan_index)
+
+
+def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | None = None) -> str:
+    """The tokens panel: each token as text when known (its id on hover), else its id."""
+    e = html.escape
+    spans = []
+    for (tok, kind), piece in zip(strip["items"], strip["pieces"]):
+        if piece is None:
+            spans.append(f"<span class='wb-tok' style='{_TOKEN_STYLE[kind]}'>{tok}</span>")
+        else:
+            shown = e(piece).replace(" ", "&nbsp;").replace("\n", "↵") or "∅"
+            spans.append(f"<span class='wb-tok' title='id {tok}' style='{_TOKEN_STYLE[kind]};border:1px solid #ddd;"
+                         f"border-radius:3px;padding:0 2px;margin-right:1px'>{shown}</span>")
+    has_text = any(p is not None for p in strip["pieces"])
+    head = "tokens" if has_text else "token ids"
+    note = (f"<div class='wb-token-note' style='color:#777;font-size:11px'>{e(SYNTHETIC_IDS)}</div>"
+            if synthetic and not has_text else "")
+    text = f"<div><i>{e(strip['text'])}</i></div>" if strip["text"] is not None else ""
+    if error is not None:
+        text += f"<div style='color:#d62728'>decode failed: {e(str(error))}</div>"
+    sep = "" if has_text else " "
+    return (f"<div style='font-family:var(--jp-code-font-family,monospace)'>{head}: "
+            f"{sep.join(spans) or '—'}</div>{note}{text}")
 
 
 def fresh_recording(session: Any):
