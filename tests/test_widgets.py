@@ -678,3 +678,22 @@ def test_table_cells_explain_jargon_on_hover():
     assert 'title="host_read: capture decline: the kernel reads an input&#x27;s values on the host' in page
     assert 'title="primary: slot primary: the captured graphs for ordinary one-token decode steps' in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+
+
+def test_segmentation_selecting_a_seam_opens_its_page_and_the_seam_picker_follows_the_reason(decoded):
+    from workbench.widgets import SegmentationView
+
+    view = SegmentationView(decoded)
+    rows = view.model.table(view.cursor.step, view.cursor.slot, size=10_000).rows
+    assert len(rows) > view.table.size, "needs declines on more than one page"
+    late = int(rows["plan_index"].iloc[-1])
+    view.cursor.select_node(late)
+    assert view.table.page == (len(rows) - 1) // view.table.size > 0
+    assert "wb-sel" in view.table.html.value and view.seam_pick.value == late
+    reason = str(rows["reason"].iloc[0])
+    view.reason.value = reason
+    listed = {r.rsplit(" — ", 1)[1] for r, v in view.seam_pick.options if v >= 0}
+    assert listed == {reason}
+    assert len(view.seam_pick.options) - 1 == int((rows["reason"] == reason).sum())
+    view.reason.value = "all reasons"
+    assert len(view.seam_pick.options) - 1 == int((rows["plan_index"] >= 0).sum())

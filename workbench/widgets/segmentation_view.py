@@ -34,7 +34,7 @@ class SegmentationView(RecordingView):
         self.detail = W.HTML()
         self.detail.add_class("wb-seam-detail")
         self._syncing = False
-        self.reason.observe(lambda _c: self._render_table(), names="value")
+        self.reason.observe(lambda _c: self._reason_changed(), names="value")
         self.seam_pick.observe(self._seam_picked, names="value")
         return [self.segments_fig, self.reasons_fig, W.HBox([self.reason, self.seam_pick]), self.detail,
                 self.table]
@@ -59,23 +59,43 @@ class SegmentationView(RecordingView):
             keep = self.reason.value
             self.reason.options = [_ALL] + [str(r) for r in reasons["reason"]]
             self.reason.value = keep if keep in self.reason.options else _ALL
-            rows = self.model.table(c.step, c.slot, size=10_000).rows
-            options = [("(select a seam)", -1)] + [
-                (f"#{int(p)} {o} {n} — {r}", int(p)) for p, o, n, r in
-                zip(rows["plan_index"], rows["op_type"], rows["node"], rows["reason"]) if int(p) >= 0]
-            self.seam_pick.options = options
-            self.seam_pick.value = c.node if c.node in {v for _, v in options} else -1
+            self._fill_seams()
         finally:
             self._syncing = False
         self._render_table()
         self.detail.value = seam_html(self.model.seam(c.step, c.slot, c.node)) if c.node >= 0 else ""
 
+    def _fill_seams(self) -> None:
+        """The seam picker lists the seams of the chosen reason (all of them for "all reasons")."""
+        c = self.cursor
+        reason = None if self.reason.value == _ALL else self.reason.value
+        rows = self.model.table(c.step, c.slot, reason, size=10_000).rows
+        options = [("(select a seam)", -1)] + [
+            (f"#{int(p)} {o} {n} — {r}", int(p)) for p, o, n, r in
+            zip(rows["plan_index"], rows["op_type"], rows["node"], rows["reason"]) if int(p) >= 0]
+        self.seam_pick.options = options
+        self.seam_pick.value = c.node if c.node in {v for _, v in options} else -1
+
+    def _reason_changed(self) -> None:
+        if self._syncing:
+            return
+        self._syncing = True
+        try:
+            self._fill_seams()
+        finally:
+            self._syncing = False
+        self._render_table()
+
     def _render_table(self) -> None:
         c = self.cursor
         reason = None if self.reason.value == _ALL else self.reason.value
-        p = self.model.table(c.step, c.slot, reason, size=10_000)
+        rows = self.model.table(c.step, c.slot, reason, size=10_000).rows
         node = c.node
-        self.table.set_frame(p.rows, None, lambda r: r.get("plan_index") == node)
+        page = None  # the page holding the selected seam's row (unless a filter is typed)
+        if node >= 0 and not self.table.query.value and "plan_index" in rows:
+            at = [i for i, p in enumerate(rows["plan_index"]) if p == node]
+            page = at[0] // self.table.size if at else None
+        self.table.set_frame(rows, page, lambda r: r.get("plan_index") == node)
 
     def _reason_clicked(self, reason) -> None:
         r = html.unescape(str(reason))  # the figure carries the escaped text
