@@ -16,8 +16,9 @@ from test_widgets import build_recording
 
 import workbench
 from workbench import Generator, models, reports
-from workbench.reports import NOT_RECORDED, Frames
+from workbench.reports import NOT_RECORDED, Frames, figures
 from workbench.reports.html import figure_json
+from workbench.reports.plan import elided_by
 
 EVIL = ["<script>alert(1)</script>", "</script><script>alert(2)</script>", "<img src=x onerror=alert(3)>",
         "</SCRIPT >x", "<!--", "]]>"]
@@ -216,3 +217,74 @@ def test_import_workbench_stays_free_of_the_front_end():
             "bad = [m for m in ('plotly', 'ipywidgets', 'workbench.reports') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- one figure, one definition
+
+
+def test_elided_nodes_say_which_mechanism_and_stage_2_matches_the_memo(decoded):
+    """MemoTimeline's "dispatch elided" (Stage 2) disagreed with the table's elided nodes:
+    shape folding and If skipping elide nodes too. Each elided node now says by what."""
+    decoded = decoded[0]
+    memo = decoded.memo_timeline().set_index("step")
+    for step in memo.index[memo["stage2"] == "validated"]:
+        p = reports.plan_at_step(decoded, int(step))
+        stage2 = p[(p["mode"] == "elided") & (p["elided_by"] == "Stage 2")]
+        assert len(stage2) == int(memo.loc[step, "dispatch_elided"])
+        assert stage2["produces_view"].all()
+        assert (p.loc[p["mode"] != "elided", "elided_by"] == "").all()
+    s = reports.summary(decoded).set_index("metric")
+    total_elided = int((decoded.node_timings()["mode"] == "elided").sum())
+    other = sum(int(s.loc[m, "value"]) for m in s.index if str(m).startswith("elided by "))
+    assert int(s.loc["dispatch elided (Stage 2)", "value"]) + other == total_elided
+
+
+def test_if_skipping_is_labelled_as_not_stage_2():
+    assert elided_by("elided", "If", False) == "If skip"
+    assert elided_by("elided", "Reshape", True) == "Stage 2"
+    assert elided_by("elided", "Concat", False) == "shape fold"
+    assert elided_by("eager", "If", False) == ""
+
+
+def test_replayed_times_are_marked_as_a_segment_share(decoded):
+    decoded = decoded[0]
+    last = int(decoded.steps().step.iloc[-1])
+    p = reports.plan_at_step(decoded, last)
+    rep = p[p["mode"] == "replayed"]
+    assert len(rep) and rep["timed"].str.startswith("segment ÷ ").all()
+    for _, g in rep.groupby("segment"):
+        assert (g["timed"] == f"segment ÷ {len(g)}").all()
+        assert g["duration_us"].nunique() == 1  # the even split the label announces
+    assert (p.loc[p["mode"] == "eager", "timed"] == "node").all()
+    fig = figures.plan_strip_figure(p)
+    names = [t.name for t in fig.data]
+    assert "replayed (µs, segment time ÷ its nodes)" in names
+
+
+def test_the_plan_strip_labels_every_op_type(decoded):
+    decoded = decoded[0]
+    p = reports.plan_at_step(decoded, int(decoded.steps().step.iloc[-1]))
+    fig = figures.plan_strip_figure(p)
+    ops = set(p["op_type"])
+    assert len(ops) > 20 and set(fig.layout.yaxis.tickvals) == ops and fig.layout.yaxis.tickmode == "array"
+
+
+def test_legends_never_share_a_colour_between_different_facts(decoded):
+    decoded = decoded[0]
+    f = Frames(decoded)
+    fig = figures.memo_figure(reports.mechanism_lanes(f), reports.latency_frame(f))
+    markers = {t.name: t.marker.color for t in fig.data if t.type == "scatter"}
+    assert {"memo replayed", "stage 2 validated", "capture capture", "capture replay"} <= set(markers)
+    assert len(set(markers.values())) == len(markers), markers
+    from workbench.reports.figures.memo import LANE_COLORS
+
+    for lane, colors in LANE_COLORS.items():
+        assert len(set(colors.values())) == len(colors), lane
+    last = int(decoded.steps().step.iloc[-1])
+    mem = reports.memory_at(f, last)
+    lv = figures.liveness_figure(reports.lifetimes_at(f, last), reports.live_bytes_curve(f, last), mem)
+    texts = [a.text for a in lv.layout.annotations]
+    assert any(t.startswith("planner peak ") for t in texts) and any(t.startswith("lower bound ") for t in texts)
+    lines = {t.name.split(" ")[0] + " " + t.name.split(" ")[1]: t.line.dash for t in lv.data
+             if t.name and (t.name.startswith("planner") or t.name.startswith("lower"))}
+    assert lines["planner peak"] != lines["lower bound"]

@@ -45,7 +45,8 @@ def mechanism_lanes(src: Recording | Frames) -> pd.DataFrame:
         }))
         parts.append(pd.DataFrame({
             "step": memo["step"], "lane": "stage 2", "state": memo["stage2"],
-            "detail": [f"views reused {int(a)}, dispatch elided {int(b)}, mismatch streak {int(c)}"
+            "detail": [f"views reused {int(a)}, dispatch elided {int(b)} (Stage 2 only: If skipping and shape "
+                       f"folding elide nodes too, see the plan), mismatch streak {int(c)}"
                        for a, b, c in zip(memo["views_reused"].fillna(0), memo["dispatch_elided"].fillna(0),
                                           memo["mismatch_streak"].fillna(0))],
         }))

@@ -17,7 +17,7 @@ __all__ = ["PLAN_COLUMNS", "node_group", "plan_at_step", "shapes_at_step", "subs
 
 #: columns of `plan_at_step`, in order
 PLAN_COLUMNS = ["plan_index", "name", "op_type", "domain", "kernel", "output_shapes", "mode",
-                "duration_us", "segment", "segment_kind", "segment_state", "group",
+                "duration_us", "timed", "elided_by", "segment", "segment_kind", "segment_state", "group",
                 "capture_supported", "capture_reason", "capture_detail", "produces_view",
                 "inputs", "outputs"]
 
@@ -73,11 +73,42 @@ def node_group(kernel: str, capture_supported, capture_reason, segment_kind) -> 
     return "capturable"
 
 
+def elided_by(mode: str, op_type: str, produces_view: bool) -> str:
+    """Which mechanism elided a node (the trace records mode "elided" for three): Stage 2
+    elides only pure view nodes; If skipping only If nodes; shape folding the rest."""
+    if mode != "elided":
+        return ""
+    if op_type == "If":
+        return "If skip"
+    return "Stage 2" if bool(produces_view) else "shape fold"
+
+
+def _timed(nodes: pd.DataFrame) -> list[str]:
+    replayed = nodes["mode"] == "replayed"
+    sizes = nodes[replayed].groupby("segment", dropna=False)["plan_index"].transform("size") \
+        if "segment" in nodes else None
+    out = []
+    for i, mode in enumerate(nodes["mode"]):
+        if mode == "replayed":
+            n = int(sizes.loc[nodes.index[i]]) if sizes is not None else 0
+            out.append(f"segment ÷ {n}" if n else "segment share")
+        elif mode in ("eager",):
+            out.append("node")
+        else:
+            out.append("")
+    return out
+
+
 def plan_at_step(src: Recording | Frames, step: int, slot: str | None = None) -> pd.DataFrame:
     """Every plan node (plan order) with what it did at `step` (columns `PLAN_COLUMNS`).
 
     output_shapes: the outputs' shapes at the step; mode/duration_us: from the node
     timings ("not run" when the node did not execute, e.g. an untaken branch);
+    timed: what duration_us measures -- "node" (the node's own time), "segment ÷ N" (a
+    replayed segment is timed as a whole and each of its N nodes shows an equal share),
+    "" (not run or elided); elided_by: which mechanism skipped an elided node -- "Stage 2"
+    (a cached view reinstated), "If skip" (an unchanged If, not Stage 2) or "shape fold"
+    (a folded shape value), "" otherwise;
     segment / segment_kind / segment_state: the capture segment holding the node for
     the step's slot, <NA> when segmentation was not recorded; group: see `node_group`.
     """
@@ -104,6 +135,9 @@ def plan_at_step(src: Recording | Frames, step: int, slot: str | None = None) ->
             nodes["segment_state"] = None
         else:
             nodes = nodes.join(seg, on="plan_index")
+        nodes["timed"] = _timed(nodes)
+        nodes["elided_by"] = [elided_by(m, o, v) for m, o, v in
+                              zip(nodes["mode"], nodes["op_type"], nodes["produces_view"])]
         nodes["group"] = [node_group(k, cs, cr, sk) for k, cs, cr, sk in zip(
             nodes["kernel"], nodes["capture_supported"], nodes["capture_reason"], nodes["segment_kind"])]
         return nodes[PLAN_COLUMNS].reset_index(drop=True)

@@ -10,6 +10,7 @@ import pandas as pd
 from .capture import by_reason, static_verdicts
 from .coverage import decode_coverage, seam_costs
 from .hazards import alias_hazards
+from .plan import elided_by
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import tokens_frame
 from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate, fmt_us
@@ -64,7 +65,19 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
         for action in ("primed", "rebuilt", "replayed", "ineligible", "disabled"):
             add("memo", f"memo {action}", int(counts.get(action, 0)))
         add("memo", "views reused", int(memo["views_reused"].fillna(0).sum()))
-        add("memo", "dispatch elided", int(memo["dispatch_elided"].fillna(0).sum()))
+        add("memo", "dispatch elided (Stage 2)", int(memo["dispatch_elided"].fillna(0).sum()),
+            f"{int(memo['dispatch_elided'].fillna(0).sum())} node executions, summed over all steps")
+    # every elided node execution, by the mechanism that skipped it (the trace's mode
+    # "elided" covers three: Stage 2, If skipping, shape folding; see plan.elided_by)
+    t = f.get("node_timings")
+    el = t[t["mode"] == "elided"]
+    if len(el):
+        views = dict(zip(f.get("nodes")["plan_index"], f.get("nodes")["produces_view"]))
+        by = pd.Series([elided_by("elided", o, views.get(p, False)) for o, p in zip(el["op"], el["plan_index"])])
+        for mech in ("If skip", "shape fold"):
+            n = int((by == mech).sum())
+            if n:
+                add("memo", f"elided by {mech} (not Stage 2)", n, f"{n} node executions, summed over all steps")
 
     add("views", "zero-copy views created", len(f.get("views")))
     add("views", "in-place writes", len(f.get("aliases")))

@@ -57,14 +57,20 @@ def liveness_figure(lifetimes: pd.DataFrame, curve: pd.DataFrame, memory: dict,
                              hovertemplate="node %{x}<br>%{y:.2f} " + unit + " allocated<extra></extra>"),
                   row=2, col=1)
     x_end = int(curve["plan_index"].max()) if not curve.empty else 0
-    for key, label, color in (("planner_peak_bytes", "planner peak", "#d62728"),
-                              ("lower_bound_bytes", "lower bound", "#2ca02c")):
+    # two lines that are often within a percent of each other: each is labelled at its
+    # end, the planner's above its line and the bound's below, so both stay readable
+    for key, label, color, dash, shift, anchor in (
+            ("planner_peak_bytes", "planner peak", "#d62728", "dash", 9, "bottom"),
+            ("lower_bound_bytes", "lower bound", "#2ca02c", "dot", -9, "top")):
         if memory.get(key) is not None:
             v = memory[key] / div
             fig.add_trace(go.Scatter(x=[0, x_end], y=[v, v], mode="lines", name=f"{label} {fmt_bytes(memory[key])}",
-                                     line={"color": color, "dash": "dash", "width": 1.5},
+                                     line={"color": color, "dash": dash, "width": 1.5},
                                      hovertemplate=f"{label}: {fmt_bytes(memory[key])}<extra></extra>"),
                           row=2, col=1)
+            fig.add_annotation(x=x_end, y=v, xanchor="right", yanchor=anchor, yshift=shift // 3, showarrow=False,
+                               text=f"{label} {fmt_bytes(memory[key])}", font={"size": 10, "color": color},
+                               bgcolor="rgba(255,255,255,0.7)", row=2, col=1)
     if selected_node is not None and selected_node >= 0:
         vline(fig, selected_node, color="#d62728", dash="solid")
     n = len(lt)

@@ -8,7 +8,24 @@ from plotly.subplots import make_subplots
 
 from .common import color_of, esc, layout, vline
 
-__all__ = ["memo_figure"]
+__all__ = ["LANE_COLORS", "lane_color", "memo_figure"]
+
+#: one colour per (lane, state): the memo's "replayed", Stage 2's "validated" and the
+#: capture lane's "replay" are different facts and never share a colour
+LANE_COLORS: dict[str, dict[str, str]] = {
+    "memo": {"primed": "#1f77b4", "rebuilt": "#ff7f0e", "replayed": "#aec7e8", "ineligible": "#7f7f7f",
+             "disabled": "#c7c7c7"},
+    "stage 2": {"none": "#dddddd", "candidate": "#bcbd22", "validated": "#e377c2", "latched": "#d62728"},
+    "capture": {"capture": "#2ca02c", "replay": "#17becf", "retire": "#8c564b", "quarantine": "#000000"},
+}
+
+
+def _lane_kind(lane: str) -> str:
+    return "capture" if str(lane).startswith("capture") else str(lane)
+
+
+def lane_color(kind: str, state: str) -> str:
+    return LANE_COLORS.get(kind, {}).get(state) or color_of(f"{kind} {state}")
 
 
 def memo_figure(lanes: pd.DataFrame, latency: pd.DataFrame, selected_step: int | None = None,
@@ -24,10 +41,11 @@ def memo_figure(lanes: pd.DataFrame, latency: pd.DataFrame, selected_step: int |
             f"step {s} · {esc(lane)}<br><b>{esc(st)}</b>{' ×' + str(c) if c > 1 else ''}<br>{esc(d)}"
             for s, lane, st, c, d in zip(merged["step"], merged["lane"], merged["state"], merged["count"],
                                          merged["detail"])]
-        for state, g in merged.groupby("state", sort=False):
+        merged["_kind"] = [_lane_kind(x) for x in merged["lane"]]
+        for (kind, state), g in merged.groupby(["_kind", "state"], sort=False):
             fig.add_trace(go.Scatter(
-                x=g["step"], y=[esc(x) for x in g["lane"]], mode="markers", name=esc(state),
-                marker={"symbol": "square", "size": 13, "color": color_of(str(state))},
+                x=g["step"], y=[esc(x) for x in g["lane"]], mode="markers", name=f"{kind} {esc(state)}",
+                marker={"symbol": "square", "size": 13, "color": lane_color(kind, str(state))},
                 hovertext=g["_hover"], hoverinfo="text", customdata=g["step"], legendgroup="state",
             ), row=1, col=1)
     for phase, g in latency.groupby("phase", sort=False):

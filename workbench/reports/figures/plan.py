@@ -14,6 +14,10 @@ __all__ = ["plan_strip_figure"]
 def _hover(r) -> str:
     seg = "" if pd.isna(r.segment) else f"<br>segment {int(r.segment)} ({esc(r.segment_kind)}, {esc(r.segment_state)})"
     dur = "" if pd.isna(r.duration_us) else f" · {r.duration_us:.1f} µs"
+    if r.mode == "replayed":
+        dur += f" ({esc(r.timed)}: the segment is timed as a whole, its nodes share it evenly)"
+    if r.elided_by:
+        dur += f" by {esc(r.elided_by)}"
     why = "" if r.capture_supported or pd.isna(r.capture_supported) else \
         f"<br>static verdict: {esc(r.capture_reason)} — {esc(r.capture_detail)}"
     return (f"<b>#{r.plan_index} {esc(r.name)}</b><br>{esc(r.op_type)} · {esc(r.kernel)}"
@@ -35,17 +39,22 @@ def plan_strip_figure(plan: pd.DataFrame, selected: int | None = None, title: st
             hovertext=g["_hover"], hoverinfo="text", customdata=g["plan_index"], legendgroup="group",
         ), row=1, col=1)
     for mode, g in plan.groupby("mode", sort=True):
+        # a replayed segment is timed as a whole: each of its nodes shows an equal share
+        name = "replayed (µs, segment time ÷ its nodes)" if mode == "replayed" else f"{esc(mode)} (µs)"
         fig.add_trace(go.Bar(
-            x=g["plan_index"], y=g["duration_us"].fillna(0), name=f"{esc(mode)} (µs)",
+            x=g["plan_index"], y=g["duration_us"].fillna(0), name=name,
             marker={"color": color_of(mode)}, hovertext=g["_hover"], hoverinfo="text",
             customdata=g["plan_index"], legendgroup="mode",
         ), row=2, col=1)
     if selected is not None and selected >= 0:
         vline(fig, selected, color="#d62728", dash="solid", name="selected")
-    n_ops = plan["op_type"].nunique()
-    layout(fig, title, max(height, 200 + 14 * n_ops))
+    ops = sorted({esc(o) for o in plan["op_type"]}, reverse=True)
+    n_ops = len(ops)
+    layout(fig, title, max(height, int((170 + 17 * n_ops) / 0.68)))
     fig.update_layout(barmode="stack", bargap=0.1)
-    fig.update_yaxes(type="category", categoryorder="category descending", row=1, col=1, title="op type")
+    # every op type gets its label (plotly's automatic ticks drop every other category)
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=ops, tickmode="array", tickvals=ops,
+                     ticktext=ops, tickfont={"size": 10}, row=1, col=1, title="op type")
     fig.update_yaxes(title="µs", row=2, col=1)
     fig.update_xaxes(title="plan index", row=2, col=1)
     return fig

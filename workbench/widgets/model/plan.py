@@ -13,8 +13,8 @@ from .paging import Page, page_of
 __all__ = ["TABLE_COLUMNS", "PlanModel"]
 
 #: what the plan table shows
-TABLE_COLUMNS = ["plan_index", "name", "op_type", "kernel", "output_shapes", "mode", "duration_us", "segment",
-                 "group"]
+TABLE_COLUMNS = ["plan_index", "name", "op_type", "kernel", "output_shapes", "mode", "duration_us", "timed",
+                 "segment", "group"]
 
 
 class PlanModel:
@@ -50,8 +50,11 @@ class PlanModel:
         seg = None if pd.isna(r["segment"]) else f"segment {int(r['segment'])} ({r['segment_kind']}, {r['segment_state']})"
         return {
             "plan_index": int(r["plan_index"]), "name": r["name"], "op_type": r["op_type"], "domain": r["domain"],
-            "kernel": r["kernel"], "mode": r["mode"],
-            "duration": fmt_us(r["duration_us"]),
+            "kernel": r["kernel"],
+            "mode": r["mode"] + (f" by {r['elided_by']}" if r["elided_by"] else ""),
+            "duration": fmt_us(r["duration_us"]) + (
+                f", {r['timed']} (a replayed segment is timed as a whole; its nodes share it evenly)"
+                if r["mode"] == "replayed" else ""),
             "inputs": [(n, shapes.get(n, "?")) for n in r["inputs"]],
             "outputs": [(n, shapes.get(n, "?")) for n in r["outputs"]],
             "group": r["group"], "segment": seg,
