@@ -139,7 +139,7 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page = browser.new_page(viewport={"width": 1500, "height": 1800})
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
             page.goto(lab.url(f"/lab/tree/{NOTEBOOK.name}"))

@@ -26,10 +26,12 @@ class PlanView(RecordingView):
         self.figure = FigureHolder()
         self.table = PagedTable(size=20, formatters={"duration_us": fmt_us},
                                 filter_columns=["name", "op_type", "kernel", "group", "mode"])
-        self.table.layout.width = "66%"
-        self.detail = W.HTML(layout=W.Layout(width="34%"))
+        self.table.layout.width = "100%"
+        # the detail sits above the table, full width: beside a 66% table it was cut off on
+        # the right, and the table's mode / duration / segment columns scrolled off-screen
+        self.detail = W.HTML(layout=W.Layout(width="100%"))
         self.detail.add_class("wb-node-detail")
-        return [self.figure, W.HBox([self.table, self.detail], layout=W.Layout(align_items="flex-start"))]
+        return [self.figure, self.detail, self.table]
 
     def _render(self) -> None:
         c = self.cursor
@@ -62,7 +64,8 @@ def node_detail_html(d: dict | None) -> str:
 
     verdict = ("capturable" if d["capture_supported"] else
                f"declines: <b>{e(str(d['capture_reason']))}</b> — {e(d['capture_detail'])}")
-    return (f"<div style='padding-left:12px;max-width:520px'><b>#{d['plan_index']} {e(d['name'])}</b><br>"
+    return (f"<div style='padding:4px 12px;border-left:3px solid #d62728;overflow-wrap:anywhere'>"
+            f"<b>#{d['plan_index']} {e(d['name'])}</b><br>"
             f"{e(d['op_type'])}{(' (' + e(d['domain']) + ')') if d['domain'] else ''} · kernel {e(d['kernel'])}"
             f"{' · produces a view' if d['produces_view'] else ''}<br>"
             f"this step: {e(d['mode'])}, {e(d['duration'])}<br>"

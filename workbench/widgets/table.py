@@ -15,7 +15,7 @@ __all__ = ["PagedTable", "frame_html"]
 
 _STYLE = ("<style>.wb-tbl{border-collapse:collapse;font-size:12px;font-family:var(--jp-code-font-family,"
           "monospace)}.wb-tbl th,.wb-tbl td{border:1px solid #e3e3e3;padding:1px 6px;text-align:left;"
-          "white-space:nowrap;max-width:520px;overflow:hidden;text-overflow:ellipsis}"
+          "white-space:nowrap;max-width:360px;overflow:hidden;text-overflow:ellipsis}"
           ".wb-tbl th{background:#f3f3f3}.wb-tbl tr.wb-sel td{background:#ffe8e8;font-weight:600}</style>")
 
 
