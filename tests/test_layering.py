@@ -17,16 +17,17 @@ ROOT = Path(workbench.__file__).parent
 ALLOWED = {
     "errors": set(),
     "dtypes": set(),
-    "ir": {"errors", "dtypes"},
-    "backend": {"errors", "dtypes"},
-    "ops": {"errors", "dtypes"},
-    "executor": {"errors", "dtypes", "ir", "ops", "backend"},
-    "trace": {"errors", "dtypes"},
-    "session": {"errors", "dtypes", "ir", "backend", "executor", "trace"},
-    "decode": {"errors", "dtypes", "session"},
-    "models": {"errors", "dtypes"},
-    "reports": {"errors", "dtypes", "trace"},
-    "widgets": {"errors", "dtypes", "trace", "reports", "decode"},
+    "reasons": set(),
+    "ir": {"errors", "dtypes", "reasons"},
+    "backend": {"errors", "dtypes", "reasons"},
+    "ops": {"errors", "dtypes", "reasons"},
+    "executor": {"errors", "dtypes", "reasons", "ir", "ops", "backend"},
+    "trace": {"errors", "dtypes", "reasons"},
+    "session": {"errors", "dtypes", "reasons", "ir", "backend", "executor", "trace"},
+    "decode": {"errors", "dtypes", "reasons", "session"},
+    "models": {"errors", "dtypes", "reasons"},
+    "reports": {"errors", "dtypes", "reasons", "trace"},
+    "widgets": {"errors", "dtypes", "reasons", "trace", "reports", "decode"},
 }
 
 

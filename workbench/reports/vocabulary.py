@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..reasons import DECLINE_REASONS
+
 __all__ = ["ALIASES", "COLUMNS", "DECLINE_REASONS", "GLOSSARY", "canonical", "explain"]
 
 #: column name -> what it means, in every frame of `workbench.reports`
@@ -92,23 +94,6 @@ ALIASES: dict[tuple[str, str], str] = {
     ("materializations", "op"): "op_type",
     ("nodes", "name"): "node",
     ("views", "producer"): "node",
-}
-
-#: capture decline reason codes, as `workbench.executor.capture.DECLINE_REASONS` documents
-#: them (a test keeps the two in step; reports may not import the executor)
-DECLINE_REASONS: dict[str, str] = {
-    "capture_disabled": "capture is turned off for this session or backend",
-    "host_fallback_kernel": "the node runs on the onnx.reference host fallback",
-    "host_read": "the kernel reads an input's values on the host",
-    "data_dependent_shape": "the output shape depends on input values",
-    "control_flow": "If/Loop/Scan: the subgraph to run is chosen on the host",
-    "sequence_value": "a sequence, optional or map value has no fixed device buffer",
-    "growing_symbol": "a shape references a KV / sequence length that grows every step",
-    "unresolved_shape": "an output shape is unknown before the kernel runs",
-    "quarantined_op": "this op type broke a recording earlier and is kept eager",
-    "kernel_declined": "the kernel declared itself not capturable",
-    "segment_too_short": "the capturable run is shorter than min_segment_nodes",
-    "host_only_dtype": "the value's dtype (e.g. strings) lives on the host only",
 }
 
 #: jargon -> a sentence (the HTML report and the widgets show these on hover)

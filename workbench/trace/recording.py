@@ -488,7 +488,7 @@ class Recording:
         """Why each seam node is not captured: `step, slot, segment, plan_index, node,
         op_type, domain, reason, detail, symbols`. Rows are written when a slot's plan
         is segmented (its capture step); `reason` codes are documented in
-        `workbench.executor.capture.DECLINE_REASONS`."""
+        `workbench.reasons.DECLINE_REASONS`."""
         return self._named_table("capture_declines", [
             "step", "slot", "segment", "plan_index", "node", "op_type", "domain", "reason",
             "detail", "symbols"])
