@@ -140,3 +140,18 @@ def test_cuda_backend_without_gpu_is_a_clear_error(monkeypatch):
         monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(workbench.BackendUnavailableError, match="cuda"):
         workbench.InferenceSession(_model(), backend="cuda")
+
+
+def test_new_recording_starts_a_fresh_run_and_keeps_the_old_one():
+    from workbench import Generator, models
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    Generator(session).generate([3, 4, 5], 4, progress=False, eos_token_id=-1)
+    first = session.recording
+    steps = len(first)
+    fresh = session.new_recording()
+    assert fresh is session.recording is session.executor.recording and fresh is not first
+    assert len(fresh) == 0 and len(fresh.nodes()) == len(first.nodes())
+    assert fresh.rewrites().rule.tolist() == first.rewrites().rule.tolist()
+    Generator(session).generate([3, 4, 5], 4, progress=False, eos_token_id=-1)
+    assert len(first) == steps and len(fresh) == 4

@@ -51,11 +51,7 @@ class InferenceSession:
         #: the live Recording of every run (None when `options.trace` is off)
         self.recording: Recording | None = None
         if self.options.trace:
-            self.recording = Recording()
-            self.recording.set_static(plan_rows(self.plan), value_rows(self.graph))
-            for row in rewrite_rows(self.rewrites):
-                self.recording.add_row("rewrites", step=-1, **row)
-            self.executor.recording = self.recording
+            self.new_recording()
         values = self.graph.values
         self._inputs = [values[v] for v in self.graph.inputs]
         self._outputs = [values[v] for v in self.graph.outputs]
@@ -102,6 +98,17 @@ class InferenceSession:
     @property
     def plan(self):
         return self.executor.plan
+
+    def new_recording(self) -> Recording:
+        """Record the following runs into a fresh Recording (plan, values and load-time
+        rewrites filled in); the previous one is left as it was for whoever holds it.
+        This is how one decode becomes one recording."""
+        rec = Recording()
+        rec.set_static(plan_rows(self.plan), value_rows(self.graph))
+        for row in rewrite_rows(self.rewrites):
+            rec.add_row("rewrites", step=-1, **row)
+        self.recording = self.executor.recording = rec
+        return rec
 
     def memo_stats(self) -> dict:
         """Counters of the decode-plan memo: primed, rebuilt, replayed, views reused, ..."""

@@ -251,25 +251,13 @@ def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | Non
 
 
 def fresh_recording(session: Any):
-    """Give `session` a new, empty Recording with the same static tables (plan, values,
-    load-time rewrites) when its current one already holds steps; return the one the
-    next run records into. The old Recording is left untouched for whoever holds it."""
-    from ..trace import Recording
-
+    """The Recording the next run of `session` records into: a new one when the current
+    one already holds steps (`InferenceSession.new_recording`), so each decode is its own
+    run; the old Recording is left untouched for whoever holds it."""
     old = session.recording
-    if old is None or len(old) == 0:
+    if old is None or len(old) == 0 or not hasattr(session, "new_recording"):
         return old
-    new = Recording()
-    new.set_static(old.nodes().to_dict("records"), old.values().to_dict("records"))
-    if "rewrites" in old.tables:
-        for row in old.table("rewrites").to_dict("records"):
-            row.pop("seq", None)
-            new.add_row("rewrites", **row)
-    session.recording = new
-    executor = getattr(session, "executor", None)  # the session hands its recording to its executor
-    if executor is not None and getattr(executor, "recording", None) is old:
-        executor.recording = new
-    return new
+    return session.new_recording()
 
 
 def _as_generator(source: Any):
