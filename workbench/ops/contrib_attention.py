@@ -95,7 +95,7 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
 
 def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
     """cache[positions] (positions clipped into the cache) in the compute dtype."""
-    idx = xp.clip(positions.astype(np.int64, copy=False), 0, cache.shape[0] - 1)
+    idx = _clamp(xp, positions.astype(np.int64, copy=False), 0, cache.shape[0] - 1)
     return xp.take(cache, idx, axis=0).astype(ct, copy=False)
 
 
@@ -224,6 +224,12 @@ def _softcap(xp: Any, scores: Any, softcap: float) -> Any:
 def _host_int(value: Any) -> int:
     """Read a one-element integer input on the host (a sync on a device backend)."""
     return int(host_read(value).reshape(-1)[0])
+
+
+def _clamp(xp: Any, x: Any, lo: int, hi: int) -> Any:
+    """`clip` for integer index arrays as two ufuncs: numpy's `clip` checks its bounds in
+    Python first, which costs more than the work on a one-element array."""
+    return xp.minimum(xp.maximum(x, lo), hi)
 
 
 def _first_int(xp: Any, value: Any) -> Any:
@@ -428,7 +434,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         # the new K/V row is scattered to it and attention masks the rows after it, so
         # nothing is read on the host and a captured graph replays with every step's
         # value. (A seqlens_k outside 0..present_len-1 is no decode step; it is clamped.)
-        pos = xp.clip(_first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
+        pos = _clamp(xp, _first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
         slots = xp.arange(present_len, dtype=np.int64)  # [L]
         ct = compute_dtype(query.dtype)
         qdt = query.dtype
@@ -443,7 +449,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             v_row = value.reshape(kv_num_heads, head_size)
         if do_rotary:
             p = _first_int(xp, seqlens_k) if position_ids is None else _first_int(xp, position_ids)
-            p = xp.clip(p, 0, cos_cache.shape[0] - 1)
+            p = _clamp(xp, p, 0, cos_cache.shape[0] - 1)
             c, sn = xp.take(cos_cache, p, axis=0)[0], xp.take(sin_cache, p, axis=0)[0]
             if key is not None:
                 q_rows = xp.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
@@ -607,7 +613,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         dest = start_b[:, None] + new_rows  # [B, S_kv]
         if valid_b is not None:
             dest = xp.where(new_rows < valid_b[:, None], dest, work_len)
-        dest = xp.clip(dest, 0, work_len)
+        dest = _clamp(xp, dest, 0, work_len)
         batch_idx = xp.arange(batch, dtype=np.int64)[:, None]
 
         def working_cache(past: Any, new: Any) -> Any:
