@@ -102,7 +102,13 @@ def test_genai_tied_embeddings_fold_and_decode_token_exact():
 
     data = tied_embeddings(models.llama("tiny", flavor="genai")).SerializeToString()
     session = workbench.InferenceSession(data, SessionOptions(shadow="raise", decode_memo_verify=False))
-    assert session.recording.rewrites().original_nodes.tolist() == [["/model/embed_tokens/tied/Transpose"]]
+    rewrites = session.recording.rewrites()
+    folded = rewrites[rewrites.rule == "constant_folding"]
+    assert folded.original_nodes.tolist() == [["/model/embed_tokens/tied/Transpose"]]
+    relaid = rewrites[rewrites.rule == "matvec_layout"]
+    assert "lm_head.MatMul.weight" in set(relaid.result), "the tied weight, now read by MatMul only"
+    weight = session.graph.initializers[session.graph.by_name["lm_head.MatMul.weight"]]
+    assert weight.flags.f_contiguous
     so = ort.SessionOptions()
     so.log_severity_level = 3
     peer = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
@@ -212,3 +218,32 @@ def test_shadow_names_shape_folding_when_a_served_value_is_wrong():
     divergences = session.recording.divergences()
     first = divergences.sort_values(["step", "plan_index"]).iloc[0]
     assert (first.node, first.mechanism) == ("x/Shape", "shape_fold")
+
+
+def test_matvec_layout_only_for_weights_matmul_alone_reads_as_b():
+    rng = np.random.default_rng(3)
+    w_mm = numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "w_mm")
+    w_shared = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w_shared")
+    nodes = [helper.make_node("MatMul", ["x", "w_mm"], ["a"], name="mm"),
+             helper.make_node("MatMul", ["x", "w_shared"], ["b"], name="mm2"),
+             helper.make_node("Gather", ["w_shared", "ids"], ["g"], name="gather"),
+             helper.make_node("ReduceSum", ["g"], ["gs"], keepdims=0, name="rs")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                           helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 6]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("gs", TensorProto.FLOAT, [])], [w_mm, w_shared])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    rewrites = session.recording.rewrites()
+    assert rewrites[rewrites.rule == "matvec_layout"].result.tolist() == ["w_mm"]
+    oracle = _ort(model)
+    x, ids = np.empty((1, 8), np.float32), np.empty(2, np.int64)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        ids[...] = rng.integers(0, 8, 2)
+        outputs = zip(session.run(None, {"x": x, "ids": ids}), oracle.run(None, {"x": x.copy(), "ids": ids.copy()}))
+        for got, want in outputs:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+    extended = workbench.InferenceSession(model, SessionOptions(graph_optimization_level="extended"))
+    assert "matvec_layout" not in set(extended.recording.rewrites().rule)
