@@ -288,3 +288,65 @@ def test_legends_never_share_a_colour_between_different_facts(decoded):
     lines = {t.name.split(" ")[0] + " " + t.name.split(" ")[1]: t.line.dash for t in lv.data
              if t.name and (t.name.startswith("planner") or t.name.startswith("lower"))}
     assert lines["planner peak"] != lines["lower bound"]
+
+
+@pytest.fixture(scope="module")
+def rewritten():
+    """Two models the load-time optimizer rewrites: tied embeddings (a Transpose of the
+    embedding table folded) and gpt2 (its Constant nodes folded)."""
+    out = {}
+    for name, model in (("tied", models.exports.tied_embeddings(models.llama("tiny", flavor="genai"))),
+                        ("gpt2", models.gpt2("tiny"))):
+        session = workbench.InferenceSession(model)
+        Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
+        out[name] = session.recording
+    return out
+
+
+def test_load_time_rewrites_show_in_summary_html_and_plan_view(rewritten):
+    from workbench.reports.rewrites import rewritten_nodes
+    from workbench.widgets import PlanView
+
+    tied, gpt2 = rewritten["tied"], rewritten["gpt2"]
+    s = reports.summary(tied).set_index("metric")
+    assert s.loc["load-time rewrites", "value"] == 1
+    assert s.loc["load-time rewrites", "text"].startswith("1 nodes folded / removed at load, +128.00 KiB")
+    nodes = rewritten_nodes(tied)
+    assert list(nodes["node"]) == ["/model/embed_tokens/tied/Transpose"]
+    assert list(nodes["rule"]) == ["constant_folding"] and list(nodes["op_type"]) == ["Transpose"]
+    assert "/model/embed_tokens/tied/Transpose" not in set(tied.nodes()["name"])
+    page = reports.render_html(tied)
+    assert '<h2 id="rewrites">Load-time rewrites</h2>' in page
+    section = page[page.index('id="rewrites"'):page.index('id="capture"')]
+    assert "/model/embed_tokens/tied/Transpose" in section and "constant_folding" in section
+    view = PlanView(tied)
+    assert "Load-time rewrites" in view.rewrites.value
+    assert "/model/embed_tokens/tied/Transpose" in view.rewrites.value
+    assert "constant_folding" in view.rewrites.value
+
+    g = rewritten_nodes(gpt2)
+    n_const = int(gpt2.rewrites().query("rule == 'constant_folding'")["nodes_saved"].sum())
+    assert n_const > 0 and len(g) == n_const and set(g["op_type"]) == {"Constant"}
+    s2 = reports.summary(gpt2).set_index("metric")
+    assert s2.loc["load-time rewrites", "text"].startswith(f"{n_const} nodes folded / removed at load")
+    assert g["node"].iloc[0] in PlanView(gpt2).rewrites.value
+
+
+def test_a_folded_unsqueeze_is_labelled_shape_fold_not_stage_2():
+    """Shape folding elides Shape -> Gather -> Unsqueeze -> Concat on memo replays; the
+    Unsqueeze is a view op, so "produces a view" alone called it Stage 2."""
+    for view_plan in (False, True):
+        options = workbench.SessionOptions(view_plan=view_plan, capture=False)
+        session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"), options)
+        Generator(session).generate(list(range(3, 9)), 7, progress=False, eos_token_id=-1)
+        rec = session.recording
+        memo = rec.memo_timeline().set_index("step")
+        last = int(memo.index.max())
+        p = reports.plan_at_step(rec, last)
+        el = p[p["mode"] == "elided"]
+        folded = el[el["elided_by"] == "shape fold"]
+        assert {"Shape", "Gather", "Unsqueeze", "Concat"} <= set(folded["op_type"])
+        assert folded["produces_view"].any()  # the Unsqueeze
+        assert int((el["elided_by"] == "Stage 2").sum()) == int(memo.loc[last, "dispatch_elided"])
+        s = reports.summary(rec).set_index("metric")
+        assert int(s.loc["elided by shape fold (not Stage 2)", "value"]) > 0

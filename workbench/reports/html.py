@@ -22,6 +22,7 @@ from .diff import diff_steps
 from .hazards import alias_hazards
 from .kv import kv_growth
 from .peak import peak_values, resident_breakdown
+from .rewrites import REWRITE_RULES, rewrites_line, rewritten_nodes
 from .source import NOT_RECORDED, Frames, as_frames
 from .summary import summary
 from .units import fmt_bytes, fmt_ms
@@ -190,6 +191,18 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
     pl = plan.plan_at_step(f, step, slot)
     page.figure(figures.plan_strip_figure(pl, title=f"Execution plan at {html.escape(where)}"))
     page.table(pl.drop(columns=["inputs", "outputs"]), f"all {len(pl)} nodes")
+
+    page.section("rewrites", "Load-time rewrites")
+    rw = rewrites_line(f)
+    if rw is None:
+        page.text("Load-time rewrites: " + NOT_RECORDED + " (the plan above is the graph as loaded).", "note")
+    else:
+        page.text(rw[2] + ". These nodes of the loaded graph are not in the plan above: "
+                  + "; ".join(f"{k} = {v}" for k, v in REWRITE_RULES.items()) + ".", "meta")
+        page.table(rewritten_nodes(f), "nodes folded / removed at load (not in the plan)")
+        kept = rewritten_nodes(f, in_plan=True)
+        if not kept.empty:
+            page.table(kept, f"{len(kept)} nodes kept in the plan, their weights rewritten")
 
     page.section("capture", "Capture segmentation")
     seg_all = f.optional("segments")

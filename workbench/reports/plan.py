@@ -83,6 +83,63 @@ def elided_by(mode: str, op_type: str, produces_view: bool) -> str:
     return "Stage 2" if bool(produces_view) else "shape fold"
 
 
+#: ops the executor's shape folding starts from, and the shape arithmetic it folds after
+#: them (mirrors `executor.memo.SHAPE_SOURCES` / `SHAPE_ARITHMETIC`; reports may not import it)
+SHAPE_SOURCES = frozenset({"Shape", "Size"})
+SHAPE_ARITHMETIC = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Add", "Sub", "Mul",
+                              "Div", "Neg", "Slice", "Reshape", "Identity", "Equal", "Where", "Max",
+                              "Min", "Range", "ReduceProd", "Abs"})
+
+
+def _shape_fold_at_step(f: Frames, elided: set[int]) -> set[int]:
+    """The elided nodes shape folding served at one step: an elided Shape/Size, then
+    elided shape arithmetic fed only by those nodes' values and initializers (the
+    executor's own rule, `memo.shape_fold_nodes`, restricted to what was elided)."""
+    values = f.get("values")
+    inits = set(values.loc[values["role"] == "initializer", "name"])
+    nodes = f.get("nodes")
+    derived: set[str] = set()
+    out: set[int] = set()
+    for p, op, dom, ins, outs in zip(nodes["plan_index"], nodes["op_type"], nodes["domain"],
+                                     nodes["inputs"], nodes["outputs"]):
+        if int(p) not in elided or dom:
+            continue
+        ins = [i for i in list(ins) if i]
+        if op in SHAPE_SOURCES:
+            pass
+        elif op in SHAPE_ARITHMETIC:
+            if not ins or not all(i in derived or i in inits for i in ins) or not any(i in derived for i in ins):
+                continue
+        else:
+            continue
+        out.add(int(p))
+        derived.update(o for o in list(outs) if o)
+    return out
+
+
+def elided_mechanisms(src: Recording | Frames) -> dict[tuple[int, int], str]:
+    """(step, plan_index) -> "Stage 2" / "If skip" / "shape fold" for every elided node
+    execution. `elided_by` alone would call a folded Unsqueeze (a view op) Stage 2: the
+    elided nodes of a step that form shape-fold chains (Shape -> Gather -> Unsqueeze ->
+    Concat, see `_shape_fold_at_step`) are the shape fold's, whatever their op."""
+    f = as_frames(src)
+
+    def build() -> dict[tuple[int, int], str]:
+        t = f.get("node_timings")
+        el = t[t["mode"] == "elided"]
+        if el.empty:
+            return {}
+        views = dict(zip(f.get("nodes")["plan_index"], f.get("nodes")["produces_view"]))
+        out: dict[tuple[int, int], str] = {}
+        for step, g in el.groupby("step"):
+            fold = _shape_fold_at_step(f, {int(p) for p in g["plan_index"]})
+            for p, o in zip(g["plan_index"], g["op"]):
+                out[(int(step), int(p))] = "shape fold" if int(p) in fold else elided_by("elided", o, views.get(p, False))
+        return out
+
+    return f.memo("elided_mechanisms", build)
+
+
 def _timed(nodes: pd.DataFrame) -> list[str]:
     replayed = nodes["mode"] == "replayed"
     sizes = nodes[replayed].groupby("segment", dropna=False)["plan_index"].transform("size") \
@@ -136,8 +193,10 @@ def plan_at_step(src: Recording | Frames, step: int, slot: str | None = None) ->
         else:
             nodes = nodes.join(seg, on="plan_index")
         nodes["timed"] = _timed(nodes)
-        nodes["elided_by"] = [elided_by(m, o, v) for m, o, v in
-                              zip(nodes["mode"], nodes["op_type"], nodes["produces_view"])]
+        mech = elided_mechanisms(f)
+        nodes["elided_by"] = [mech.get((step, int(p)), elided_by(m, o, v)) if m == "elided" else ""
+                              for p, m, o, v in zip(nodes["plan_index"], nodes["mode"], nodes["op_type"],
+                                                    nodes["produces_view"])]
         nodes["group"] = [node_group(k, cs, cr, sk) for k, cs, cr, sk in zip(
             nodes["kernel"], nodes["capture_supported"], nodes["capture_reason"], nodes["segment_kind"])]
         return nodes[PLAN_COLUMNS].reset_index(drop=True)

@@ -39,6 +39,7 @@ OPTIONAL_TABLES: dict[str, str] = {
     "divergences": "divergences",
     "shadow_checks": "shadow",
     "io_buffers": "io_buffers",
+    "rewrites": "rewrites",
 }
 
 

@@ -10,7 +10,8 @@ import pandas as pd
 from .capture import by_reason, static_verdicts
 from .coverage import decode_coverage, seam_costs
 from .hazards import alias_hazards
-from .plan import elided_by
+from .plan import elided_mechanisms
+from .rewrites import rewrites_line
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import tokens_frame
 from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate, fmt_us
@@ -45,6 +46,9 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     add("plan", "statically capturable nodes", int(nodes["capture_supported"].fillna(True).astype(bool).sum()))
     for r in by_reason(static_verdicts(f), "capture_reason").itertuples(index=False):
         add("plan", f"static verdict: {r.reason}", int(r.declines))
+    rw = rewrites_line(f)
+    add("plan", "load-time rewrites", rw[0] if rw else None,
+        rw[2] if rw else "no load-time rewrites recorded (the graph was planned as loaded)")
 
     steps = f.get("steps")
     add("decode", "steps", len(steps))
@@ -69,11 +73,9 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
             f"{int(memo['dispatch_elided'].fillna(0).sum())} node executions, summed over all steps")
     # every elided node execution, by the mechanism that skipped it (the trace's mode
     # "elided" covers three: Stage 2, If skipping, shape folding; see plan.elided_by)
-    t = f.get("node_timings")
-    el = t[t["mode"] == "elided"]
-    if len(el):
-        views = dict(zip(f.get("nodes")["plan_index"], f.get("nodes")["produces_view"]))
-        by = pd.Series([elided_by("elided", o, views.get(p, False)) for o, p in zip(el["op"], el["plan_index"])])
+    mech = elided_mechanisms(f)
+    if mech:
+        by = pd.Series(list(mech.values()))
         for mech in ("If skip", "shape fold"):
             n = int((by == mech).sum())
             if n:

@@ -109,7 +109,17 @@ GLOSSARY: dict[str, str] = {
     "slot": "a set of captured graphs with its own bookkeeping: primary (M=1 decode) or verify (M=k+1)",
     "Stage 2": "the memo's cached view plan: view nodes whose views were seen identical twice are not "
                "dispatched on a matching replay; their views are reinstated (dispatch elided)",
-    "elided": "mode elided: Stage 2 reinstated the node's view without dispatching the node",
+    "elided": "mode elided: the node was not dispatched -- by Stage 2 (its view reinstated), If skip (an "
+              "unchanged If) or shape fold (a Shape -> Gather -> Unsqueeze -> Concat value served from the memo)",
+    "shape fold": "on a memo replay, shape arithmetic (Shape -> Gather -> Unsqueeze -> Concat ...) whose values "
+                  "cannot change is served from the reference step instead of dispatched (memo_stats "
+                  "shape_folded; shadow mechanism shape_fold)",
+    "shape_fold": "shadow mechanism shape_fold: shape arithmetic served from the memo on a replay (shape fold)",
+    "If skip": "an If whose condition and inputs did not change is not re-run; its outputs are kept (not Stage 2)",
+    "constant_folding": "load-time rewrite: a node whose inputs are all constants computed once at load and "
+                        "replaced by an initializer",
+    "dead_node": "load-time rewrite: a node whose outputs feed nothing, removed at load",
+    "unused_initializer": "load-time rewrite: an initializer nothing reads, dropped at load",
     "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
     "eager": "mode eager: the node was dispatched on its own, one kernel launch",
     "seam": "an eager node between captured segments; every seam has a decline reason",

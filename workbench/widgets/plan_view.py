@@ -7,6 +7,7 @@ import html
 import ipywidgets as W
 
 from ..reports.figures import plan_strip_figure
+from ..reports.rewrites import rewrites_line, rewritten_nodes
 from ..reports.units import fmt_us
 from .base import RecordingView
 from .figure import FigureHolder
@@ -31,7 +32,10 @@ class PlanView(RecordingView):
         # the right, and the table's mode / duration / segment columns scrolled off-screen
         self.detail = W.HTML(layout=W.Layout(width="100%"))
         self.detail.add_class("wb-node-detail")
-        return [self.figure, self.detail, self.table]
+        # the loaded graph's nodes that a load-time rewrite folded / removed: not in the plan
+        self.rewrites = W.HTML(layout=W.Layout(width="100%"))
+        self.rewrites.add_class("wb-rewrites")
+        return [self.figure, self.detail, self.table, self.rewrites]
 
     def _render(self) -> None:
         c = self.cursor
@@ -46,6 +50,7 @@ class PlanView(RecordingView):
         self.table.set_frame(plan[self.table_columns()], page, lambda r: r["plan_index"] == node)
         self.detail.value = node_detail_html(self.model.node(c.step, c.slot, node)) if node >= 0 else \
             "<i>Click a node in the strip (or pick one above) to see its inputs, outputs and verdict.</i>"
+        self.rewrites.value = rewrites_html(self.frames)
 
     @staticmethod
     def table_columns() -> list[str]:
@@ -71,3 +76,21 @@ def node_detail_html(d: dict | None) -> str:
             f"this step: {e(d['mode'])}, {e(d['duration'])}<br>"
             f"{e(d['segment']) if d['segment'] else 'segment: ' + e(d['group'])}<br>static verdict: {verdict}"
             f"<br>inputs<ul>{io(d['inputs'])}</ul>outputs<ul>{io(d['outputs'])}</ul></div>")
+
+
+def rewrites_html(frames) -> str:
+    """The Plan tab's "Load-time rewrites" table: original nodes folded / removed, by rule."""
+    line = rewrites_line(frames)
+    if line is None:
+        return "<p><b>Load-time rewrites</b>: not recorded in this recording.</p>"
+    df = rewritten_nodes(frames)
+    if df.empty:
+        return "<p><b>Load-time rewrites</b>: none (the plan is the graph as loaded).</p>"
+    e = html.escape
+    rows = "".join(f"<tr><td><code>{e(r.node)}</code></td><td>{e(r.op_type)}</td>"
+                   f"<td title='{e(r.what, quote=True)}'>{e(r.rule)}</td><td><code>{e(r.result)}</code></td></tr>"
+                   for r in df.head(200).itertuples(index=False))
+    more = f"<br><i>first 200 of {len(df)}</i>" if len(df) > 200 else ""
+    return (f"<details open><summary><b>Load-time rewrites</b>: {e(line[2])}; these nodes of the loaded "
+            f"graph are not in the plan</summary><table class='wb-table'><tr><th>original node</th><th>op</th>"
+            f"<th>rule</th><th>replaced by</th></tr>{rows}</table>{more}</details>")

@@ -1,0 +1,67 @@
+"""What the load-time optimizer changed: the loaded graph's nodes folded / removed
+before the plan was built (`Recording.rewrites`), one row per original node."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from .source import Frames, as_frames
+from .units import fmt_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..trace import Recording
+
+__all__ = ["REWRITE_COLUMNS", "REWRITE_RULES", "load_rewrites", "rewritten_nodes", "rewrites_line"]
+
+#: rule code -> what it did, in words
+REWRITE_RULES = {
+    "constant_folding": "folded into a constant (computed once at load)",
+    "dead_node": "removed: its outputs feed nothing",
+    "unused_initializer": "initializer dropped: nothing reads it",
+    "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
+}
+
+REWRITE_COLUMNS = ["rule", "original_nodes", "original_ops", "result", "nodes_saved", "bytes_delta"]
+
+
+def load_rewrites(src: Recording | Frames) -> pd.DataFrame | None:
+    """The rewrites table (columns `REWRITE_COLUMNS`), None when it was not recorded."""
+    return as_frames(src).optional("rewrites")
+
+
+def rewritten_nodes(src: Recording | Frames, in_plan: bool = False) -> pd.DataFrame:
+    """One row per node of the *original* graph that is not in the plan because a
+    load-time rewrite folded or removed it: `node, op_type, rule, what` (the rule in
+    words), `result` (what stands in its place), `bytes_delta` (of the whole rewrite).
+    `in_plan=True` lists instead the nodes a rewrite kept but changed (nodes_saved 0,
+    e.g. matvec_layout)."""
+    df = load_rewrites(src)
+    rows = []
+    if df is not None:
+        for r in df.itertuples(index=False):
+            if (int(r.nodes_saved or 0) == 0) != in_plan:
+                continue
+            names = list(r.original_nodes) if r.original_nodes is not None else []
+            ops = list(r.original_ops) if r.original_ops is not None else []
+            for i, name in enumerate(names or [""]):
+                rows.append((str(name), str(ops[i]) if i < len(ops) else "", r.rule,
+                             REWRITE_RULES.get(r.rule, r.rule), str(r.result or "—"), int(r.bytes_delta or 0)))
+    return pd.DataFrame(rows, columns=["node", "op_type", "rule", "what", "result", "bytes_delta"])
+
+
+def rewrites_line(src: Recording | Frames) -> tuple[int, int, str] | None:
+    """(nodes saved, bytes delta, "N nodes folded / removed at load, M bytes (...)")
+    or None when not recorded."""
+    df = load_rewrites(src)
+    if df is None:
+        return None
+    n = int(df["nodes_saved"].fillna(0).sum()) if len(df) else 0
+    b = int(df["bytes_delta"].fillna(0).sum()) if len(df) else 0
+    parts = ", ".join(f"{rule} {int(g['nodes_saved'].fillna(0).sum())}" if int(g["nodes_saved"].fillna(0).sum())
+                      else f"{rule}: {len(g)} weights relaid, nodes kept"
+                      for rule, g in df.groupby("rule", sort=False)) if len(df) else "none"
+    sign = "+" if b > 0 else ("-" if b < 0 else "")
+    return n, b, (f"{n} nodes folded / removed at load, {sign}{fmt_bytes(abs(b))} resident "
+                  f"({parts})")
