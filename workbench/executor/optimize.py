@@ -24,6 +24,7 @@ value is the value the unfolded graph computes.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +149,8 @@ def _matvec_layout(graph: Graph) -> list[Rewrite]:
     project's 2-core machine: 1536x512 matvec 74 -> 20 us, 512x1536 39 -> 29 us; the
     largest, bandwidth-bound, unchanged). Prefill's matrix products get slower (up to
     about 1.5x), a one-time cost per prompt. The summation order changes with the
-    layout, so results move within float rounding (level "all" only)."""
+    layout, so results move within float rounding (level "all" only). Memory-mapped
+    weights are left as they are: relaying one reads and copies it all at load."""
     readers: dict[int, list[tuple[Node, int]]] = {}
     for node in graph.nodes:
         for pos, vid in enumerate(node.inputs):
@@ -160,6 +162,8 @@ def _matvec_layout(graph: Graph) -> list[Rewrite]:
     rewrites = []
     for vid, array in list(graph.initializers.items()):
         uses = readers.get(vid, [])
+        if _memory_mapped(array):
+            continue  # a mapped weight stays lazy: relaying it would read and copy it all at load
         if (array.ndim != 2 or array.dtype not in (np.float32, np.float64) or vid in outputs or not uses
                 or array.shape[0] < 2 or array.shape[1] < 2 or array.flags.f_contiguous
                 or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
@@ -168,6 +172,13 @@ def _matvec_layout(graph: Graph) -> list[Rewrite]:
         rewrites.append(Rewrite("matvec_layout", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
                                 graph.values[vid].name, 0, 0))
     return rewrites
+
+
+def _memory_mapped(array: np.ndarray) -> bool:
+    base = array
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return isinstance(base, mmap.mmap)
 
 
 def _readers(graph: Graph) -> set[int]:

@@ -43,10 +43,15 @@ class InferenceSession:
     def __init__(self, model: Any, options: SessionOptions | None = None, backend: str = "cpu"):
         self.options = options or SessionOptions()
         self.backend = get_backend(backend)
-        #: the graph as loaded from the model, before load-time rewrites
+        #: the graph as loaded from the model, before load-time rewrites (its structure;
+        #: weights live in `graph`)
         self.loaded_graph, self.model_proto = load_graph(model)
         #: the graph that runs: `loaded_graph` after `options.graph_optimization_level`
         self.graph, self.rewrites = optimize(self.loaded_graph, self.options.graph_optimization_level)
+        if self.graph is not self.loaded_graph:
+            # the loaded graph stays for its structure (what the rewrites replaced); its
+            # weights would only hold memory the rewritten ones have taken over
+            self.loaded_graph.initializers = {}
         self.executor = Executor(self.graph, self.backend, options=self.options)
         #: the live Recording of every run (None when `options.trace` is off)
         self.recording: Recording | None = None
