@@ -27,12 +27,36 @@ def test_notebook_is_committed_without_outputs(path):
             assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: clear the outputs"
 
 
+_EXECUTED: dict[str, nbformat.NotebookNode] = {}
+
+
+def executed(name: str) -> nbformat.NotebookNode:
+    """The notebook run top to bottom (once per test session)."""
+    if name not in _EXECUTED:
+        path = next(p for p in NOTEBOOKS if p.name.startswith(name))
+        nb = nbformat.read(path, as_version=4)
+        client = NotebookClient(nb, timeout=180, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()  # raises CellExecutionError on the first failing cell
+        _EXECUTED[name] = nb
+    return _EXECUTED[name]
+
+
+def cell_output(nb, needle: str) -> str:
+    """Every text / html output of the code cell whose source contains `needle`."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and needle in c.source)
+    parts = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif "data" in o:
+            parts.append(o["data"].get("text/html", "") + o["data"].get("text/plain", ""))
+    return "\n".join(parts)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=180, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()  # raises CellExecutionError on the first failing cell
+    nb = executed(path.name[:2])
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     stderr = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
@@ -42,3 +66,25 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     assert shown, "a notebook shows something"
     widgets = [o for o in shown if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert widgets, f"{path.name} shows no widget"
+
+
+def test_notebook_02_shows_the_growing_symbol_and_full_decline_detail():
+    out = cell_output(executed("02"), "growing = declines")
+    assert "grows_with" in out and "total_sequence_length" in out
+    # the detail is not cut before the growing dimension
+    assert "has shape ['batch_size', 'total_sequence_length']" in out.replace("&#x27;", "'")
+    assert "<table" in out and "..." not in out.split("<table", 1)[1]
+
+
+def test_notebook_02_comparison_says_what_it_counts():
+    out = cell_output(executed("02"), "comparison =")
+    assert "capture declines at the last step" in out and "plan nodes" in out
+    assert "onnx ops" not in out
+
+
+def test_notebook_04_says_none_instead_of_an_empty_table():
+    out = cell_output(executed("04"), "zero-copy views, ")
+    assert "in-place writes" in out
+    assert "0 zero-copy views, 0 in-place writes" in out  # phi3-tiny makes neither
+    assert "none: no node produced a view or wrote in place" in out
+    assert "<table" not in out and "Empty DataFrame" not in out
