@@ -350,3 +350,34 @@ def test_a_folded_unsqueeze_is_labelled_shape_fold_not_stage_2():
         assert int((el["elided_by"] == "Stage 2").sum()) == int(memo.loc[last, "dispatch_elided"])
         s = reports.summary(rec).set_index("metric")
         assert int(s.loc["elided by shape fold (not Stage 2)", "value"]) > 0
+
+
+def test_one_latency_definition_everywhere(decoded, tmp_path, capsys):
+    """01 printed 4.58 ms/token while the summary said 4.213 ms: now the summary, the
+    notebooks and `workbench report` print one number, decode wall time per generated
+    token (prefill excluded), and onnxruntime's is measured the same way."""
+    from workbench.cli.report import run_report
+
+    rec, result = decoded
+    lat = reports.decode_latency(rec)
+    decode = rec.steps().query("phase == 'decode'")
+    assert lat["decode_tokens"] == len(result.tokens) - 1 == len(decode)
+    assert lat["ms_per_token"] == pytest.approx(decode.wall_ms.sum() / (len(result.tokens) - 1))
+    s = reports.summary(rec).set_index("metric")
+    assert s.loc["decode latency", "value"] == pytest.approx(lat["ms_per_token"])
+    assert s.loc["decode latency", "text"].startswith(f"{lat['ms_per_token']:.3f} ms/token (decode wall time per "
+                                                      "generated token (prefill excluded)")
+    assert s.loc["decode tokens/s", "value"] == pytest.approx(1e3 / lat["ms_per_token"])
+    assert reports.per_token_ms([0.002, 0.004], 2) == pytest.approx(3.0)
+
+    run = run_report(models.llama("tiny", flavor="onnx"), [3, 4, 5], 5, out_dir=tmp_path, eos_token_id=-1,
+                     label="tiny")
+    out = capsys.readouterr().out
+    ours = reports.decode_latency(run.sessions["model"].recording)["ms_per_token"]
+    summary_line = next(line for line in out.splitlines() if line.strip().startswith("decode latency"))
+    latency_line = next(line for line in out.splitlines() if line.strip().startswith("workbench ")
+                        and "ms/token" in line)
+    assert f"{ours:.3f} ms/token" in summary_line and f"{ours:.3f} ms/token" in latency_line
+    assert "decode wall time per generated token (prefill excluded)" in out
+    if run.peer is not None:
+        assert any(line.strip().startswith("onnxruntime") and "ms/token" in line for line in out.splitlines())

@@ -29,6 +29,7 @@ from .export import export
 from .hazards import HAZARD_COLUMNS, alias_hazards
 from .html import render_html, to_html
 from .kv import KV_COLUMNS, kv_growth, kv_pairs
+from .latency import LATENCY_DEFINITION, decode_latency, per_token_ms
 from .liveness import lifetimes_at, live_bytes_curve, memory_at
 from .memo import mechanism_lanes
 from .peak import PEAK_COLUMNS, RESIDENT_CATEGORIES, peak_step, peak_values, resident_breakdown
@@ -40,11 +41,11 @@ from .views import ViewWalk, most_instructive_view, view_walk, views_at
 from .vocabulary import COLUMNS, GLOSSARY, canonical, explain
 
 __all__ = [
-    "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS",
+    "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS", "LATENCY_DEFINITION",
     "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
-    "canonical", "capture_coverage", "declines_at", "decode_coverage", "diff", "diff_steps", "explain",
+    "canonical", "capture_coverage", "declines_at", "decode_coverage", "decode_latency", "diff", "diff_steps", "explain",
     "export", "Frames", "kv_growth", "kv_pairs", "latency_frame", "lifetimes_at", "live_bytes_curve",
-    "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "peak_values", "plan_at_step",
+    "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "per_token_ms", "peak_values", "plan_at_step",
     "render_html", "resident_breakdown", "seam_costs", "segments_at", "shapes_at_step", "slots",
     "static_verdicts", "step_info", "steps_of_slot", "summary", "summary_text", "to_html", "tokens_frame",
     "tokens_per_step", "view_walk", "views_at", "ViewWalk",

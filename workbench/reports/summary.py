@@ -10,6 +10,7 @@ import pandas as pd
 from .capture import by_reason, static_verdicts
 from .coverage import decode_coverage, seam_costs
 from .hazards import alias_hazards
+from .latency import LATENCY_DEFINITION, decode_latency
 from .plan import elided_mechanisms
 from .rewrites import rewrites_line
 from .source import NOT_RECORDED, Frames, as_frames
@@ -26,7 +27,7 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     """One row per fact: section, metric, value (a number, or None), text (with units).
 
     Sections: plan (nodes, host fallback, static capture verdicts), decode (steps,
-    tokens, prefill ms, median decode ms, tokens/s), memo (actions, views reused,
+    tokens, prefill ms, decode latency = decode wall time per generated token, tokens/s, median decode step), memo (actions, views reused,
     dispatch elided), views (zero-copy views, in-place writes, copies), memory
     (resident peak, planner peak, lower bound, one buffer per value), capture
     (segments, replays, declines by reason, capture coverage: the share of the decode's
@@ -57,9 +58,15 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     decode = steps.loc[steps["phase"] == "decode", "wall_ms"].dropna()
     add("decode", "prefill", float(prefill.sum()) if len(prefill) else None,
         fmt_ms(prefill.sum()) if len(prefill) else "—")
+    lat = decode_latency(f)
+    ms = lat["ms_per_token"] if lat["decode_tokens"] else None
+    add("decode", "decode latency", ms,
+        "—" if ms is None else f"{ms:.3f} ms/token ({LATENCY_DEFINITION}; {lat['decode_tokens']} tokens)")
+    add("decode", "decode tokens/s", lat["tokens_per_s"] if ms else None,
+        fmt_rate(lat["tokens_per_s"] if ms else None))
     med = float(np.median(decode)) if len(decode) else None
-    add("decode", "decode step (median)", med, fmt_ms(med))
-    add("decode", "decode tokens/s", 1e3 / med if med else None, fmt_rate(1e3 / med if med else None))
+    add("decode", "decode step (median)", med, fmt_ms(med) + (" (one run; the latency above is the mean per token)"
+                                                             if med is not None else ""))
 
     memo = f.optional("memo_timeline")
     if memo is None:
