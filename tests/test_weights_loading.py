@@ -38,11 +38,18 @@ def test_external_weights_are_memory_mapped_read_only(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="model.onnx.data", size_threshold=1024)
-    session = workbench.InferenceSession(str(path))
+    # level "extended": "all" also relays MatMul weights column-major (a deliberate copy)
+    session = workbench.InferenceSession(str(path), workbench.SessionOptions(graph_optimization_level="extended"))
     big = _big_initializers(session)
     assert big and all(isinstance(_root(a), mmap.mmap) for a in big), "mapped, not read into memory"
     assert not any(a.flags.writeable for a in big), "a weight can never be written through"
     _decode_both(str(path), str(path))
+    relaid = workbench.InferenceSession(str(path))
+    layout = relaid.recording.rewrites()
+    moved = {relaid.graph.by_name[n] for n in layout[layout.rule == "matvec_layout"].result}
+    assert moved and all(relaid.graph.initializers[v].flags.f_contiguous for v in moved)
+    assert all(isinstance(_root(a), mmap.mmap) for v, a in relaid.graph.initializers.items()
+               if v not in moved and a.nbytes > 4096), "what is not relaid stays mapped"
 
 
 def test_embedded_weights_are_viewed_and_the_callers_proto_is_untouched():

@@ -24,7 +24,6 @@ value is the value the unfolded graph computes.
 from __future__ import annotations
 
 import dataclasses
-import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,8 +65,11 @@ def check_level(level: str) -> str:
     return text
 
 
-def optimize(graph: Graph, level: str) -> tuple[Graph, list[Rewrite]]:
-    """The rewritten graph and what was rewritten (the input graph is not changed)."""
+def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph, list[Rewrite]]:
+    """The rewritten graph and what was rewritten. The input graph is not changed,
+    except that with `release` its references to weights the rewrite replaced are
+    dropped as it goes (so a relaid weight's original can be freed at once, and load
+    never holds two copies of the model)."""
     if check_level(level) == "disabled":
         return graph, []
     out = dataclasses.replace(graph, values=list(graph.values), nodes=list(graph.nodes),
@@ -76,7 +78,7 @@ def optimize(graph: Graph, level: str) -> tuple[Graph, list[Rewrite]]:
     rewrites += _drop_dead_nodes(out)
     rewrites += _drop_unused_initializers(out)
     if level == "all":
-        rewrites += _matvec_layout(out)
+        rewrites += _matvec_layout(out, graph.initializers if release else None)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
     return out, rewrites
 
@@ -141,7 +143,7 @@ def _fold(graph: Graph, node: Node) -> dict[int, np.ndarray] | None:
     return folded
 
 
-def _matvec_layout(graph: Graph) -> list[Rewrite]:
+def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
     """Weights only MatMul reads as B, stored column-major (same values, same shape).
 
     One-token decode is matrix-vector work bound by memory bandwidth; with B
@@ -149,8 +151,8 @@ def _matvec_layout(graph: Graph) -> list[Rewrite]:
     project's 2-core machine: 1536x512 matvec 74 -> 20 us, 512x1536 39 -> 29 us; the
     largest, bandwidth-bound, unchanged). Prefill's matrix products get slower (up to
     about 1.5x), a one-time cost per prompt. The summation order changes with the
-    layout, so results move within float rounding (level "all" only). Memory-mapped
-    weights are left as they are: relaying one reads and copies it all at load."""
+    layout, so results move within float rounding (level "all" only); a model gives the
+    same bits whether its weights are embedded or in external data (both are relaid)."""
     readers: dict[int, list[tuple[Node, int]]] = {}
     for node in graph.nodes:
         for pos, vid in enumerate(node.inputs):
@@ -160,25 +162,20 @@ def _matvec_layout(graph: Graph) -> list[Rewrite]:
             readers.setdefault(vid, []).append((node, -1))
     outputs = set(graph.outputs)
     rewrites = []
-    for vid, array in list(graph.initializers.items()):
+    for vid in list(graph.initializers):  # ids only: a snapshot of the arrays would keep every original alive
+        array = graph.initializers[vid]
         uses = readers.get(vid, [])
-        if _memory_mapped(array):
-            continue  # a mapped weight stays lazy: relaying it would read and copy it all at load
         if (array.ndim != 2 or array.dtype not in (np.float32, np.float64) or vid in outputs or not uses
                 or array.shape[0] < 2 or array.shape[1] < 2 or array.flags.f_contiguous
                 or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
             continue
         graph.initializers[vid] = np.asfortranarray(array)
+        if release is not None:
+            release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
+        del array
         rewrites.append(Rewrite("matvec_layout", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
                                 graph.values[vid].name, 0, 0))
     return rewrites
-
-
-def _memory_mapped(array: np.ndarray) -> bool:
-    base = array
-    while getattr(base, "base", None) is not None:
-        base = base.base
-    return isinstance(base, mmap.mmap)
 
 
 def _readers(graph: Graph) -> set[int]:

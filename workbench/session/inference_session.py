@@ -47,7 +47,8 @@ class InferenceSession:
         #: weights live in `graph`)
         self.loaded_graph, self.model_proto = load_graph(model)
         #: the graph that runs: `loaded_graph` after `options.graph_optimization_level`
-        self.graph, self.rewrites = optimize(self.loaded_graph, self.options.graph_optimization_level)
+        self.graph, self.rewrites = optimize(self.loaded_graph, self.options.graph_optimization_level,
+                                             release=True)
         if self.graph is not self.loaded_graph:
             # the loaded graph stays for its structure (what the rewrites replaced); its
             # weights would only hold memory the rewritten ones have taken over
