@@ -381,3 +381,74 @@ def test_one_latency_definition_everywhere(decoded, tmp_path, capsys):
     assert "decode wall time per generated token (prefill excluded)" in out
     if run.peer is not None:
         assert any(line.strip().startswith("onnxruntime") and "ms/token" in line for line in out.splitlines())
+
+
+def test_in_place_counts_agree_between_views_and_liveness():
+    """Liveness drew purple alias bars while Views said "0 in-place writes": both now
+    show the values stored in place, and say which writes a dispatched node made."""
+    from workbench.reports.liveness import in_place_at
+    from workbench.widgets import ViewAliasView
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    Generator(session).generate([3, 4, 5], 5, progress=False, eos_token_id=-1)
+    rec = session.recording
+    last = len(rec) - 1
+    lt = reports.lifetimes_at(rec, last)
+    bars = int((lt["storage"] == "alias").sum())
+    ip = in_place_at(rec, last)
+    assert bars > 0 and len(ip) == bars
+    dispatched = int((rec.aliases()["step"] == last).sum())
+    assert int(ip["written_this_step"].sum()) == dispatched
+    view = ViewAliasView(rec)
+    view.cursor.go(last)
+    view.render(force=True)
+    step = view.cursor.step
+    n = int((reports.lifetimes_at(rec, step)["storage"] == "alias").sum())
+    assert f"{n} values live in an earlier value's buffer (the purple alias bars in Liveness)" in view.alias_head.value
+    fig = figures.liveness_figure(lt, reports.live_bytes_curve(rec, last), reports.memory_at(rec, last))
+    names = [t.name for t in fig.data]
+    assert any(str(nm).startswith("alias (stored in place)") for nm in names)
+    s = reports.summary(rec).set_index("metric")
+    assert s.loc["in-place writes (dispatched, all steps)", "value"] == len(rec.aliases())
+
+
+def test_memory_lines_say_what_they_measure():
+    from workbench.reports.liveness import MEMORY_MEASURES
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
+    rec = session.recording
+    last = len(rec) - 1
+    mem = reports.memory_at(rec, last)
+    fig = figures.liveness_figure(reports.lifetimes_at(rec, last), reports.live_bytes_curve(rec, last), mem)
+    hovers = {t.name.split(" ")[0] + " " + t.name.split(" ")[1]: t.hovertemplate for t in fig.data
+              if t.name and t.name.split(" ")[0] in ("planner", "resident", "lower")}
+    assert set(hovers) == {"planner peak", "resident peak", "lower bound"}
+    assert "caller-bound buffers" in hovers["resident peak"] and "liveness-based allocator" in hovers["planner peak"]
+    assert "below the planner peak" in MEMORY_MEASURES["resident peak"]
+    from workbench.widgets import LivenessView
+    lv = LivenessView(rec)
+    lv.render(force=True)
+    assert "<abbr title='the arena a liveness-based allocator" in lv.numbers.value
+    assert "resident peak</abbr>" in lv.numbers.value
+
+
+def test_unnamed_dims_read_question_mark_with_the_symbol_on_hover():
+    from workbench.reports.plan import substitute_shape
+    from workbench.widgets.model import PlanModel
+
+    assert substitute_shape("[unk__0, 8]", {}) == "[?, 8]"
+    assert substitute_shape("[batch, nnz]", {"batch": 2}) == "[2, nnz]"
+    session = workbench.InferenceSession(models.phi3("tiny"))
+    Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
+    rec = session.recording
+    last = len(rec) - 1
+    p = reports.plan_at_step(rec, last)
+    assert not p["output_shapes"].str.contains("unk__").any()
+    hit = p[p["unknown_dims"] != ""].iloc[0]
+    assert "?" in hit["output_shapes"] and hit["unknown_dims"].startswith("unk__")
+    fig = figures.plan_strip_figure(p)
+    hovers = [h for t in fig.data if t.hovertext is not None for h in t.hovertext]
+    assert any(f"(? = {hit['unknown_dims']}: a dynamic dimension" in h for h in hovers)
+    detail = PlanModel(Frames(rec)).node(last, None, int(hit["plan_index"]))
+    assert any("(? = unk__" in s for _, s in detail["outputs"])

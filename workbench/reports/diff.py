@@ -225,7 +225,7 @@ def _at_step_rows(rows: _Rows, fa: Frames, fb: Frames, step_a: int | None, step_
     va, vb = fa.get("views"), fb.get("views")
     rows.add("views", "views created", int((va["step"] == step_a).sum()), int((vb["step"] == step_b).sum()))
     al_a, al_b = fa.get("aliases"), fb.get("aliases")
-    rows.add("views", "in-place writes", int((al_a["step"] == step_a).sum()), int((al_b["step"] == step_b).sum()))
+    rows.add("views", "in-place writes (dispatched)", int((al_a["step"] == step_a).sum()), int((al_b["step"] == step_b).sum()))
     mat_a, mat_b = fa.get("materializations"), fb.get("materializations")
     rows.add("views", "copies (materializations)", int((mat_a["step"] == step_a).sum()),
              int((mat_b["step"] == step_b).sum()))

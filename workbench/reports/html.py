@@ -241,6 +241,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
               + fmt_bytes(mem["lower_bound_bytes"]) + " · one buffer per value "
               + fmt_bytes(mem["one_buffer_per_value_bytes"]) + " · resident peak "
               + fmt_bytes(mem["resident_peak_bytes"]), "meta")
+    page.text(" · ".join(f"{k}: {v}" for k, v in liveness.MEMORY_MEASURES.items()) + ".", "note")
     lt = liveness.lifetimes_at(f, step)
     page.text("Weights and constants (initializers) are left out: they are not activations.", "note")
     if lt.empty:

@@ -13,7 +13,18 @@ from .source import Frames, as_frames
 if TYPE_CHECKING:  # pragma: no cover
     from ..trace import Recording
 
-__all__ = ["live_bytes_curve", "memory_at", "lifetimes_at", "values_of_node"]
+__all__ = ["MEMORY_MEASURES", "in_place_at", "live_bytes_curve", "memory_at", "lifetimes_at", "values_of_node"]
+
+#: what each memory number measures (the liveness figure's hover and legend say it)
+MEMORY_MEASURES = {
+    "planner peak": "the arena a liveness-based allocator would need for this step's activations: every owner "
+                    "buffer, 64-byte aligned, alive from its producer to the last use of it and its views",
+    "lower bound": "the most activation bytes alive at once at this step: no allocator can do with less",
+    "resident peak": "the most bytes the executor's own buffers held during the step (every slot's buffers, "
+                     "kept across steps; outputs written into caller-bound buffers such as the KV cache are "
+                     "not its own, so it can be below the planner peak)",
+    "one buffer per value": "every activation owner's own bytes, never reused",
+}
 
 
 def lifetimes_at(src: Recording | Frames, step: int, constants: bool = False) -> pd.DataFrame:
@@ -96,3 +107,18 @@ def values_of_node(src: Recording | Frames, plan_index: int) -> list[str]:
     nodes = as_frames(src).get("nodes")
     hit = nodes[nodes["plan_index"] == plan_index]
     return list(hit["outputs"].iloc[0]) if not hit.empty else []
+
+
+def in_place_at(src: Recording | Frames, step: int) -> pd.DataFrame:
+    """Every value stored in place at `step` (storage "alias": it lives in an earlier
+    value's buffer -- the Liveness figure's alias bars): `value, into, written_this_step`
+    (True when a node dispatched at this step made the in-place write; False when it
+    ran inside a replayed device graph or was kept from an earlier step), `plan_index`."""
+    f = as_frames(src)
+    lt = lifetimes_at(f, step)
+    a = lt[lt["storage"] == "alias"]
+    ev = f.get("aliases")
+    written = set(ev.loc[ev["step"] == step, "value"])
+    return pd.DataFrame({"value": a["value"].tolist(), "into": a["owner"].tolist(),
+                         "written_this_step": [v in written for v in a["value"]],
+                         "plan_index": a["start"].astype("int64").tolist()})

@@ -19,23 +19,33 @@ __all__ = ["PLAN_COLUMNS", "node_group", "plan_at_step", "shapes_at_step", "subs
 PLAN_COLUMNS = ["plan_index", "name", "op_type", "domain", "kernel", "output_shapes", "mode",
                 "duration_us", "timed", "elided_by", "segment", "segment_kind", "segment_state", "group",
                 "capture_supported", "capture_reason", "capture_detail", "produces_view",
-                "inputs", "outputs"]
+                "inputs", "outputs", "unknown_dims"]
 
 _DIM = re.compile(r"\s*,\s*")
+#: the names ONNX shape inference gives dimensions it cannot name (shown as "?")
+UNNAMED_DIM = re.compile(r"^unk__\d+$")
 
 
 def substitute_shape(text: str, bindings: dict[str, int]) -> str:
     """'[batch_size, 4, past_sequence_length, 16]' with the step's bindings -> '[1, 4, 7, 16]'.
 
-    A symbol without a binding (data-dependent, unknown) stays as it is.
+    A named symbol without a binding (data-dependent, e.g. nnz) stays as it is; one ONNX
+    shape inference could not name (`unk__0`) reads "?" (`unnamed_dims` gives the symbol).
     """
     if not isinstance(text, str) or not text.startswith("["):
         return "?" if text is None else str(text)
     inner = text[1:-1].strip()
     if not inner:
         return "[]"
-    dims = [str(bindings.get(d, d)) for d in _DIM.split(inner)]
+    dims = [str(bindings.get(d, "?" if UNNAMED_DIM.match(d) else d)) for d in _DIM.split(inner)]
     return "[" + ", ".join(dims) + "]"
+
+
+def unnamed_dims(text: str, bindings: dict[str, int]) -> list[str]:
+    """The unbound `unk__N` symbols of a shape text (what a "?" stands for, on hover)."""
+    if not isinstance(text, str) or not text.startswith("["):
+        return []
+    return [d for d in _DIM.split(text[1:-1].strip()) if UNNAMED_DIM.match(d) and d not in bindings]
 
 
 def shapes_at_step(src: Recording | Frames, step: int) -> dict[str, str]:
@@ -55,6 +65,23 @@ def shapes_at_step(src: Recording | Frames, step: int) -> dict[str, str]:
         return out
 
     return f.memo(("shapes", step), build)
+
+
+def unknown_dims_at_step(src: Recording | Frames, step: int) -> dict[str, list[str]]:
+    """Value name -> its `unk__N` symbols still unbound at `step` (shown "?" in shapes)."""
+    f = as_frames(src)
+
+    def build() -> dict[str, list[str]]:
+        steps = f.get("steps")
+        row = steps[steps["step"] == step]
+        bindings = dict(row["bindings"].iloc[0]) if not row.empty else {}
+        values = f.get("values")
+        views = f.get("views")
+        exact = set(views.loc[views["step"] == step, "value"])
+        return {n: u for n, s in zip(values["name"], values["shape"])
+                if n not in exact and (u := unnamed_dims(s, bindings))}
+
+    return f.memo(("unknown_dims", step), build)
 
 
 def node_group(kernel: str, capture_supported, capture_reason, segment_kind) -> str:
@@ -165,7 +192,8 @@ def plan_at_step(src: Recording | Frames, step: int, slot: str | None = None) ->
     replayed segment is timed as a whole and each of its N nodes shows an equal share),
     "" (not run or elided); elided_by: which mechanism skipped an elided node -- "Stage 2"
     (a cached view reinstated), "If skip" (an unchanged If, not Stage 2) or "shape fold"
-    (a folded shape value), "" otherwise;
+    (a folded shape value), "" otherwise; unknown_dims: the `unk__N` symbols a "?" in
+    output_shapes stands for (a dimension shape inference could not name);
     segment / segment_kind / segment_state: the capture segment holding the node for
     the step's slot, <NA> when segmentation was not recorded; group: see `node_group`.
     """
@@ -175,6 +203,9 @@ def plan_at_step(src: Recording | Frames, step: int, slot: str | None = None) ->
         nodes = f.get("nodes").copy()
         shapes = shapes_at_step(f, step)
         nodes["output_shapes"] = [", ".join(shapes.get(o, "?") for o in outs) for outs in nodes["outputs"]]
+        unknown = unknown_dims_at_step(f, step)
+        nodes["unknown_dims"] = [", ".join(dict.fromkeys(d for o in outs for d in unknown.get(o, [])))
+                                 for outs in nodes["outputs"]]
         t = f.get("node_timings")
         t = t[t["step"] == step].groupby("plan_index").agg(mode=("mode", "last"),
                                                           duration_us=("duration_us", "sum"))

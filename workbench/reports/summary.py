@@ -89,7 +89,9 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
                 add("memo", f"elided by {mech} (not Stage 2)", n, f"{n} node executions, summed over all steps")
 
     add("views", "zero-copy views created", len(f.get("views")))
-    add("views", "in-place writes", len(f.get("aliases")))
+    add("views", "in-place writes (dispatched, all steps)", len(f.get("aliases")),
+        f"{len(f.get('aliases')):,} writes by dispatched nodes (values stored in place inside replayed "
+        "graphs are not re-written; Liveness draws every value stored in place)")
     mats = f.get("materializations")
     add("views", "copies (materializations)", len(mats), f"{len(mats):,} ({fmt_bytes(int(mats['bytes'].sum()))})")
 

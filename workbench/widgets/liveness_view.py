@@ -7,6 +7,7 @@ import html
 import ipywidgets as W
 
 from ..reports.figures import liveness_figure
+from ..reports.liveness import MEMORY_MEASURES
 from ..reports.units import fmt_bytes
 from .base import RecordingView
 from .figure import FigureHolder
@@ -40,10 +41,14 @@ class LivenessView(RecordingView):
             live = self.model.live_at(c.step, c.node)
             at = (f" · at node #{c.node}: {fmt_bytes(live['live_bytes'])} live in "
                   f"{len(live['values'])} values")
+        def term(label: str) -> str:  # each number says on hover what it measures
+            return f"<abbr title='{html.escape(MEMORY_MEASURES[label], quote=True)}'>{label}</abbr>"
+
         self.numbers.value = (
-            f"<b>step {c.step}</b> · planner peak <b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · lower bound "
-            f"{fmt_bytes(mem['lower_bound_bytes'])} · one buffer per value {fmt_bytes(mem['one_buffer_per_value_bytes'])}"
-            f" · resident peak {fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
+            f"<b>step {c.step}</b> · {term('planner peak')} <b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · "
+            f"{term('lower bound')} {fmt_bytes(mem['lower_bound_bytes'])} · {term('one buffer per value')} "
+            f"{fmt_bytes(mem['one_buffer_per_value_bytes'])} · {term('resident peak')} "
+            f"{fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
         self.figure.show(liveness_figure(lt, self.model.curve(c.step), mem, c.node,
                                                  self.model.highlight(c.node),
                                                  title=f"Buffer liveness at step {c.step}"), self.select_node)

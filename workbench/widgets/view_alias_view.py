@@ -63,8 +63,11 @@ class ViewAliasView(RecordingView):
         self.views_table.set_frame(views[_VIEW_COLUMNS], None, lambda r: r["value"] == value)
         aliases = self.model.aliases(c.step)
         self.views_head.value = f"<b>Views at step {c.step}</b> ({len(views)} values that own no bytes)"
-        self.alias_head.value = (f"<b>In-place writes at step {c.step}</b> ({len(aliases)}: a value written "
-                                 "into a dead input's buffer)")
+        written = int(aliases["written_this_step"].sum()) if len(aliases) else 0
+        self.alias_head.value = (f"<b>In-place storage at step {c.step}</b>: {len(aliases)} values live in an "
+                                 "earlier value's buffer (the purple alias bars in Liveness); "
+                                 f"{written} in-place writes by nodes dispatched this step, the other "
+                                 f"{len(aliases) - written} inside replayed device graphs")
         self.alias_table.set_frame(aliases)
 
     def _render_walk(self) -> None:

@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..liveness import MEMORY_MEASURES
 from ..units import fmt_bytes
 from .common import byte_scale, color_of, esc, layout, vline
 
@@ -29,7 +30,8 @@ def liveness_figure(lifetimes: pd.DataFrame, curve: pd.DataFrame, memory: dict,
                                        lt["owner"], lt["released_at"])])
     for cat, g in lt.groupby("category", sort=False):
         fig.add_trace(go.Bar(
-            y=g["row"], x=g["end"] - g["start"] + 1, base=g["start"] - 0.5, orientation="h", name=esc(cat),
+            y=g["row"], x=g["end"] - g["start"] + 1, base=g["start"] - 0.5, orientation="h",
+            name=esc(cat).replace("alias", "alias (stored in place)", 1),
             marker={"color": color_of(str(cat)), "line": {"width": 0}}, hovertext=g["_hover"], hoverinfo="text",
             customdata=g["start"], legendgroup="storage",
         ), row=1, col=1)
@@ -46,7 +48,8 @@ def liveness_figure(lifetimes: pd.DataFrame, curve: pd.DataFrame, memory: dict,
             hovertext=h["_hover"], hoverinfo="text", customdata=h["start"],
         ), row=1, col=1)
     peak = max([int(curve["allocated_bytes"].max() if not curve.empty else 0)] +
-               [int(memory[k]) for k in ("planner_peak_bytes", "lower_bound_bytes") if memory.get(k)])
+               [int(memory[k]) for k in ("planner_peak_bytes", "lower_bound_bytes", "resident_peak_bytes")
+                if memory.get(k)])
     div, unit = byte_scale(peak)
     fig.add_trace(go.Scatter(x=curve["plan_index"], y=curve["live_bytes"] / div, mode="lines", line_shape="hv",
                              name=f"live ({unit})", line={"color": "#1f77b4", "width": 2},
@@ -59,16 +62,22 @@ def liveness_figure(lifetimes: pd.DataFrame, curve: pd.DataFrame, memory: dict,
     x_end = int(curve["plan_index"].max()) if not curve.empty else 0
     # two lines that are often within a percent of each other: each is labelled at its
     # end, the planner's above its line and the bound's below, so both stay readable
-    for key, label, color, dash, shift, anchor in (
-            ("planner_peak_bytes", "planner peak", "#d62728", "dash", 9, "bottom"),
-            ("lower_bound_bytes", "lower bound", "#2ca02c", "dot", -9, "top")):
+    # each line's hover says what it measures (MEMORY_MEASURES): the resident peak counts
+    # the executor's own buffers, the planner peak an ideal arena for the step's activations,
+    # so the resident peak may sit below the planner's
+    for key, label, color, dash, shift, anchor, xa in (
+            ("planner_peak_bytes", "planner peak", "#d62728", "dash", 9, "bottom", "right"),
+            ("lower_bound_bytes", "lower bound", "#2ca02c", "dot", -9, "top", "right"),
+            ("resident_peak_bytes", "resident peak", "#8c564b", "dashdot", 9, "bottom", "left")):
         if memory.get(key) is not None:
             v = memory[key] / div
+            what = esc(MEMORY_MEASURES[label])
             fig.add_trace(go.Scatter(x=[0, x_end], y=[v, v], mode="lines", name=f"{label} {fmt_bytes(memory[key])}",
                                      line={"color": color, "dash": dash, "width": 1.5},
-                                     hovertemplate=f"{label}: {fmt_bytes(memory[key])}<extra></extra>"),
+                                     hovertemplate=f"<b>{label}: {fmt_bytes(memory[key])}</b><br>{what}<extra></extra>"),
                           row=2, col=1)
-            fig.add_annotation(x=x_end, y=v, xanchor="right", yanchor=anchor, yshift=shift // 3, showarrow=False,
+            fig.add_annotation(x=x_end if xa == "right" else 0, y=v, xanchor=xa, yanchor=anchor, yshift=shift // 3,
+                               showarrow=False, hovertext=what,
                                text=f"{label} {fmt_bytes(memory[key])}", font={"size": 10, "color": color},
                                bgcolor="rgba(255,255,255,0.7)", row=2, col=1)
     if selected_node is not None and selected_node >= 0:

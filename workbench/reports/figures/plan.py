@@ -18,10 +18,12 @@ def _hover(r) -> str:
         dur += f" ({esc(r.timed)}: the segment is timed as a whole, its nodes share it evenly)"
     if r.elided_by:
         dur += f" by {esc(r.elided_by)}"
+    unk = getattr(r, "unknown_dims", "")
+    unknown = f" (? = {esc(unk)}: a dynamic dimension shape inference could not name)" if unk else ""
     why = "" if r.capture_supported or pd.isna(r.capture_supported) else \
         f"<br>static verdict: {esc(r.capture_reason)} — {esc(r.capture_detail)}"
     return (f"<b>#{r.plan_index} {esc(r.name)}</b><br>{esc(r.op_type)} · {esc(r.kernel)}"
-            f"<br>outputs {esc(r.output_shapes)}<br>{esc(r.mode)}{dur}{seg}{why}")
+            f"<br>outputs {esc(r.output_shapes)}{unknown}<br>{esc(r.mode)}{dur}{seg}{why}")
 
 
 def plan_strip_figure(plan: pd.DataFrame, selected: int | None = None, title: str = "Execution plan",

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from ...reports import Frames, plan_at_step, shapes_at_step
+from ...reports.plan import unknown_dims_at_step
 from ...reports.units import fmt_us
 from .paging import Page, page_of
 
@@ -47,6 +48,11 @@ class PlanModel:
             return None
         r = hit.iloc[0]
         shapes = shapes_at_step(self.frames, step)
+        unknown = unknown_dims_at_step(self.frames, step)
+
+        def shape_of(n: str) -> str:  # a "?" names its symbol: dynamic, shape inference could not name it
+            u = unknown.get(n)
+            return shapes.get(n, "?") + (f" (? = {', '.join(u)}: dynamic)" if u else "")
         seg = None if pd.isna(r["segment"]) else f"segment {int(r['segment'])} ({r['segment_kind']}, {r['segment_state']})"
         return {
             "plan_index": int(r["plan_index"]), "name": r["name"], "op_type": r["op_type"], "domain": r["domain"],
@@ -55,8 +61,8 @@ class PlanModel:
             "duration": fmt_us(r["duration_us"]) + (
                 f", {r['timed']} (a replayed segment is timed as a whole; its nodes share it evenly)"
                 if r["mode"] == "replayed" else ""),
-            "inputs": [(n, shapes.get(n, "?")) for n in r["inputs"]],
-            "outputs": [(n, shapes.get(n, "?")) for n in r["outputs"]],
+            "inputs": [(n, shape_of(n)) for n in r["inputs"]],
+            "outputs": [(n, shape_of(n)) for n in r["outputs"]],
             "group": r["group"], "segment": seg,
             "capture_supported": bool(r["capture_supported"]) if not pd.isna(r["capture_supported"]) else None,
             "capture_reason": None if pd.isna(r["capture_reason"]) else r["capture_reason"],

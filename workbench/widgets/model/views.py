@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ...reports import Frames, ViewWalk, most_instructive_view, view_walk, views_at
+from ...reports.liveness import in_place_at
 
 __all__ = ["ViewsModel", "explain_walk"]
 
@@ -17,8 +18,9 @@ class ViewsModel:
         return views_at(self.frames, step)
 
     def aliases(self, step: int) -> pd.DataFrame:
-        a = self.frames.get("aliases")
-        return a[a["step"] == step][["value", "into", "node", "plan_index"]].reset_index(drop=True)
+        """Values stored in place at the step -- the same set Liveness draws as alias bars --
+        and whether a node dispatched at this step made the write (`in_place_at`)."""
+        return in_place_at(self.frames, step)
 
     def default_value(self, step: int) -> str | None:
         return most_instructive_view(self.frames, step)
