@@ -88,3 +88,10 @@ def test_notebook_04_says_none_instead_of_an_empty_table():
     assert "0 zero-copy views, 0 in-place writes" in out  # phi3-tiny makes neither
     assert "none: no node produced a view or wrote in place" in out
     assert "<table" not in out and "Empty DataFrame" not in out
+
+
+def test_notebook_03_draws_the_2x3_transpose_with_the_widgets_figure():
+    nb = executed("03")
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "reports.walk_of(" in c.source)
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
+    assert "reads source elements in order: [0, 3, 1, 4, 2, 5]" in cell_output(nb, "reports.walk_of(")

@@ -7,11 +7,12 @@ import json
 import sys
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import workbench
-from workbench import Generator, Recording, models
+from workbench import Generator, Recording, models, reports
 from workbench.reports import NOT_RECORDED, Frames
 from workbench.widgets.model import (
     LivenessModel,
@@ -697,3 +698,49 @@ def test_segmentation_selecting_a_seam_opens_its_page_and_the_seam_picker_follow
     assert len(view.seam_pick.options) - 1 == int((rows["reason"] == reason).sum())
     view.reason.value = "all reasons"
     assert len(view.seam_pick.options) - 1 == int((rows["plan_index"] >= 0).sum())
+
+
+def test_the_2x3_transpose_is_drawn_with_numbers_in_read_order():
+    from workbench.reports import figures, walk_of
+
+    a = np.arange(6).reshape(2, 3)
+    t = a.T
+    walk = walk_of(t.shape, [s // t.itemsize for s in t.strides], 0, a.shape, value="a.T", source="a")
+    fig = figures.view_walk_figure(walk)
+    heat = fig.data[0]
+    # source element k (row-major 2x3) is read by view element: 0->0, 1->2, 2->4, 3->1, 4->3, 5->5
+    assert [list(r) for r in heat.text] == [["0", "2", "4"], ["1", "3", "5"]]
+    assert list(fig.layout.yaxis.ticktext) == ["0", "3"]
+    assert "a.T" in fig.layout.title.text and "strides [1, 3]" in fig.layout.title.text
+
+
+def test_a_real_view_walk_is_legible():
+    """64 overlapping cell numbers, overlapping titles and every other row label: a large
+    view is drawn in blocks, without cell numbers, with at most 16 row labels."""
+    from workbench.reports import figures, view_walk
+    from workbench.reports.figures.views import MAX_GRID
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    Generator(session).generate(list(range(3, 12)), 4, progress=False, eos_token_id=-1)
+    rec = session.recording
+    last = len(rec) - 1
+    v = reports.views_at(rec, last)
+    big = max(v.itertuples(index=False), key=lambda r: int(np.prod(r.shape)))
+    walk = view_walk(rec, last, big.value)
+    fig = figures.view_walk_figure(walk)
+    heat = fig.data[0]
+    rows, cols = np.asarray(heat.z).shape
+    assert rows <= MAX_GRID and cols <= MAX_GRID
+    if walk.cols > 16 or walk.rows > 24:
+        assert heat.text is None  # no overlapping numbers
+    assert len(fig.layout.yaxis.ticktext) <= 16 and len(fig.layout.xaxis.tickvals) <= 16
+    title = fig.layout.title.text
+    assert "<br><sup>" in title and len(title.split("<br>")[0]) <= 60
+    # a wide source: each cell is a block of source elements, and says so
+    wide = reports.walk_of((64, 30), (1, 64), 0, (30, 64), value="wide")  # a transpose of a 30x64 source
+    assert (wide.rows, wide.cols) == (30, 64)
+    wf = figures.view_walk_figure(wide)
+    assert np.asarray(wf.data[0].z).shape == (30, 32) and "each cell: 1 x 2 source elements" in wf.layout.title.text
+    assert wf.data[0].text is None
+    assert wf.data[0].customdata[0][0].startswith("source elements 0..1<br>first read by view element 0")
+    assert len(wf.layout.yaxis.ticktext) <= 16

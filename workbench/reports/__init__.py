@@ -37,7 +37,7 @@ from .plan import plan_at_step, shapes_at_step
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import latency_frame, slots, step_info, steps_of_slot, tokens_frame
 from .summary import summary, summary_text
-from .views import ViewWalk, most_instructive_view, view_walk, views_at
+from .views import ViewWalk, most_instructive_view, view_walk, views_at, walk_of
 from .vocabulary import COLUMNS, GLOSSARY, canonical, explain
 
 __all__ = [
@@ -48,5 +48,5 @@ __all__ = [
     "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "per_token_ms", "peak_values", "plan_at_step",
     "render_html", "resident_breakdown", "seam_costs", "segments_at", "shapes_at_step", "slots",
     "static_verdicts", "step_info", "steps_of_slot", "summary", "summary_text", "to_html", "tokens_frame",
-    "tokens_per_step", "view_walk", "views_at", "ViewWalk",
+    "tokens_per_step", "view_walk", "views_at", "ViewWalk", "walk_of",
 ]

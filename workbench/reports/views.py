@@ -21,7 +21,7 @@ from .source import Frames, as_frames
 if TYPE_CHECKING:  # pragma: no cover
     from ..trace import Recording
 
-__all__ = ["ITEMSIZE", "ViewWalk", "most_instructive_view", "view_walk", "views_at"]
+__all__ = ["walk_of", "ITEMSIZE", "ViewWalk", "most_instructive_view", "view_walk", "views_at"]
 
 #: bytes per element of the values table's dtype names
 ITEMSIZE = {"float": 4, "float16": 2, "bfloat16": 2, "double": 8, "int64": 8, "uint64": 8, "int32": 4,
@@ -127,14 +127,26 @@ def view_walk(src: Recording | Frames, step: int, value: str, max_cells: int = 2
         return None
     r = hit.iloc[0]
     notes: list[str] = []
-    shape = tuple(int(d) for d in r["shape"])
-    strides = tuple(int(s) for s in r["strides"])
     offset = r["element_offset"]
     if offset is None or pd.isna(offset):
         notes.append(f"unknown element size of dtype {r['dtype']!r}: byte offset {r['byte_offset']} "
                      "shown as an element offset")
         offset = int(r["byte_offset"])
-    offset = int(offset)
+    return walk_of(tuple(int(d) for d in r["shape"]), tuple(int(s) for s in r["strides"]), int(offset),
+                   _dims(r["source_shape"]), value=r["value"], source=r["source"], max_cells=max_cells,
+                   max_elements=max_elements, notes=notes)
+
+
+def walk_of(shape, strides, element_offset: int = 0, source_shape=None, *, value: str = "view",
+            source: str = "source", max_cells: int = 2048, max_elements: int = 4096,
+            notes: list[str] | None = None) -> ViewWalk:
+    """The `ViewWalk` of any strided view -- (shape, element strides, element offset) over a
+    source of `source_shape` -- e.g. a numpy array's: `walk_of(t.shape, [s // t.itemsize
+    for s in t.strides], 0, a.shape)`, drawn by `figures.view_walk_figure` as the widget does."""
+    notes = list(notes or [])
+    shape = tuple(int(d) for d in shape)
+    strides = tuple(int(s) for s in strides)
+    offset = int(element_offset)
     total = math.prod(shape)
     count = min(total, max_elements)
     if total > max_elements:
@@ -143,7 +155,7 @@ def view_walk(src: Recording | Frames, step: int, value: str, max_cells: int = 2
     order = np.full(count, offset, dtype=np.int64)
     for axis_idx, st in zip(idx, strides):
         order += axis_idx.astype(np.int64) * st
-    src_shape = _dims(r["source_shape"])
+    src_shape = tuple(int(d) for d in source_shape) if source_shape is not None else None
     src_elements = math.prod(src_shape) if src_shape is not None else None
     cols = src_shape[-1] if src_shape else 0
     if not cols or cols > 64:
@@ -158,7 +170,7 @@ def view_walk(src: Recording | Frames, step: int, value: str, max_cells: int = 2
     if truncated:
         rows = max_rows
         notes.append(f"source rows {first_row}..{first_row + rows - 1} of the touched range are drawn")
-    return ViewWalk(value=r["value"], source=r["source"], shape=shape, strides=strides,
+    return ViewWalk(value=value, source=source, shape=shape, strides=strides,
                     element_offset=offset, source_shape=src_shape, source_elements=src_elements,
                     order=order, cols=int(cols), rows=int(rows), first_element=int(first_row * cols),
                     truncated=truncated or total > max_elements, notes=notes)

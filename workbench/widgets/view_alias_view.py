@@ -76,7 +76,7 @@ class ViewAliasView(RecordingView):
         if walk is None:
             self.explain.value = ""
             return
-        self.walk_fig.show(view_walk_figure(walk, title=f"{html.escape(walk.value)[-70:]}"))
+        self.walk_fig.show(view_walk_figure(walk))  # the figure shortens the name, shape and strides below
         self.explain.value = ("<div style='max-width:420px;padding-left:10px'>"
                               + "<br>".join(html.escape(s) for s in explain_walk(walk)) + "</div>")
 
