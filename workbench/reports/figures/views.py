@@ -57,7 +57,7 @@ def view_walk_figure(walk: ViewWalk, title: str | None = None) -> go.Figure:
     fig = go.Figure(go.Heatmap(
         z=z, x=list(range(C)), y=list(range(R)), colorscale="Viridis", xgap=1, ygap=1,
         colorbar={"title": {"text": "view<br>element"}}, text=text, customdata=hover,
-        texttemplate="%{text}" if text is not None else None, textfont={"size": 11},
+        texttemplate="%{text}" if text is not None else None, textfont={"size": 13 if C <= 6 else 11},
         hovertemplate="%{customdata}<extra></extra>",
     ))
     local = walk.order - walk.first_element
@@ -75,14 +75,14 @@ def view_walk_figure(walk: ViewWalk, title: str | None = None) -> go.Figure:
            f"over {esc(_short(walk.source, 40))}")
     if blocked:
         sub += f"<br>each cell: {br} x {bc} source elements"
-    layout(fig, f"{head}<br><sup>{sub}</sup>", min(620, 200 + 22 * R))
+    layout(fig, f"{head}<br><sup>{sub}</sup>", min(620, max(340, 200 + 22 * R)))
     fig.update_layout(title={"font": {"size": 13}}, margin={"t": 80 if blocked else 64})
     step = max(1, math.ceil(R / _MAX_ROW_LABELS))
     fig.update_yaxes(autorange="reversed", tickmode="array", tickvals=list(range(0, R, step)),
                      ticktext=[str(row_start[r]) for r in range(0, R, step)],
-                     title="source element (row start)")
+                     title="source element (row start)" if R >= 6 else "row start")
     xstep = max(1, math.ceil(C / 16))
-    fig.update_xaxes(title="+ column" if not blocked else f"+ column (blocks of {bc})", tickmode="array",
+    fig.update_xaxes(title="+ column" if bc == 1 else f"+ column (blocks of {bc})", tickmode="array",
                      tickvals=list(range(0, C, xstep)), ticktext=[str(c * bc) for c in range(0, C, xstep)])
     fig.update_layout(showlegend=False)
     return fig
