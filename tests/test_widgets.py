@@ -744,3 +744,18 @@ def test_a_real_view_walk_is_legible():
     assert wf.data[0].text is None
     assert wf.data[0].customdata[0][0].startswith("source elements 0..1<br>first read by view element 0")
     assert len(wf.layout.yaxis.ticktext) <= 16
+
+
+def test_plan_view_says_when_rewrites_kept_every_node():
+    """llama's onnx flavour only relays MatMul weights (matvec_layout): the Plan tab says
+    so instead of "none", right under the strip."""
+    from workbench.widgets import PlanView
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    rw = session.recording.rewrites()
+    assert set(rw["rule"]) == {"matvec_layout"} and int(rw["nodes_saved"].sum()) == 0
+    view = PlanView(session.recording)
+    text = view.rewrites.value
+    assert "0 nodes folded / removed at load" in text and "no node of the loaded graph was removed" in text
+    assert f"({len(rw)} nodes kept, their weights rewritten)" in text
+    assert view.children.index(view.rewrites) < view.children.index(view.table)

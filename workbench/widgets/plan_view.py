@@ -35,7 +35,8 @@ class PlanView(RecordingView):
         # the loaded graph's nodes that a load-time rewrite folded / removed: not in the plan
         self.rewrites = W.HTML(layout=W.Layout(width="100%"))
         self.rewrites.add_class("wb-rewrites")
-        return [self.figure, self.detail, self.table, self.rewrites]
+        self.rewrites.value = rewrites_html(self.frames)  # static: shown before any step too
+        return [self.figure, self.rewrites, self.detail, self.table]
 
     def _render(self) -> None:
         c = self.cursor
@@ -84,13 +85,15 @@ def rewrites_html(frames) -> str:
     if line is None:
         return "<p><b>Load-time rewrites</b>: not recorded in this recording.</p>"
     df = rewritten_nodes(frames)
-    if df.empty:
-        return "<p><b>Load-time rewrites</b>: none (the plan is the graph as loaded).</p>"
     e = html.escape
+    if df.empty:
+        kept = rewritten_nodes(frames, in_plan=True)
+        return (f"<p><b>Load-time rewrites</b>: {e(line[2])}; no node of the loaded graph was removed"
+                + (f" ({len(kept)} nodes kept, their weights rewritten)" if len(kept) else "") + ".</p>")
     rows = "".join(f"<tr><td><code>{e(r.node)}</code></td><td>{e(r.op_type)}</td>"
                    f"<td title='{e(r.what, quote=True)}'>{e(r.rule)}</td><td><code>{e(r.result)}</code></td></tr>"
                    for r in df.head(200).itertuples(index=False))
     more = f"<br><i>first 200 of {len(df)}</i>" if len(df) > 200 else ""
-    return (f"<details open><summary><b>Load-time rewrites</b>: {e(line[2])}; these nodes of the loaded "
+    return (f"<details{' open' if len(df) <= 5 else ''}><summary><b>Load-time rewrites</b>: {e(line[2])}; these nodes of the loaded "
             f"graph are not in the plan</summary><table class='wb-table'><tr><th>original node</th><th>op</th>"
             f"<th>rule</th><th>replaced by</th></tr>{rows}</table>{more}</details>")
