@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builtin_models import BUILT_IN, PROMPT
+from builtin_models import BUILT_IN, PROMPT, move_a_kv_buffer_at
 
 import workbench
 from workbench import Generator, SessionOptions, models
@@ -125,17 +125,7 @@ def test_host_read_while_capturing_quarantines_the_op_and_stays_exact():
 def test_rebinding_a_kv_buffer_at_a_new_address_retires_with_reason():
     session = _session("llama-genai")
     gen = Generator(session)
-    original_step = gen._step
-    calls = []
-
-    def step(tokens, cache, phase, slot):
-        calls.append(1)
-        if len(calls) == 8:  # move one KV buffer, as a careless caller might
-            name = next(iter(cache.arrays))
-            cache.arrays[name] = cache.arrays[name].copy()
-        return original_step(tokens, cache, phase, slot)
-
-    gen._step = step
+    move_a_kv_buffer_at(gen)
     reference = _decode(_session("llama-genai", capture=False), tokens=16, kv="fixed")
     got = gen.generate(PROMPT, 16, kv="fixed", progress=False, eos_token_id=-1)
     assert got.tokens == reference.tokens

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from builtin_models import BUILT_IN, PROMPT
+from builtin_models import BUILT_IN, PROMPT, move_a_kv_buffer_at
 
 import workbench
 from workbench import Generator, SessionOptions, models
@@ -149,17 +149,7 @@ def test_cuda_undeclared_sync_while_capturing_fails_naming_the_node_and_leaves_n
 def test_cuda_moving_a_kv_buffer_retires_and_recaptures():
     session = _session(BUILT_IN["llama-genai"]())
     gen = Generator(session)
-    original_step = gen._step
-    calls = []
-
-    def step(tokens, cache, phase, slot):
-        calls.append(1)
-        if len(calls) == 8:  # move one KV buffer, as a careless caller might
-            name = next(iter(cache.arrays))
-            cache.arrays[name] = cache.arrays[name].copy()
-        return original_step(tokens, cache, phase, slot)
-
-    gen._step = step
+    move_a_kv_buffer_at(gen)
     got = gen.generate(PROMPT, TOKENS, kv="fixed", progress=False, eos_token_id=-1)
     assert got.tokens == _cpu_tokens("llama-genai", kv="fixed")
     events = session.recording.capture_events()

@@ -187,22 +187,13 @@ class CaptureRunner:
             captured = cap.graphs[seg.index]
             why = self._stale(captured, seg)
             if why is not None:
-                self._retire(cap, rec, slot, *why)
-                for rest in cap.segments[pos:]:
-                    run_nodes(rest.nodes)
-                if rec is not None:
-                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
-                return "eager"
+                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, *why)
             timer = ex.backend.start_timer() if rec is not None else None
             try:
                 ex.backend.launch(captured.graph)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
-                self._retire(cap, rec, slot, "capture_api_error", f"launch: {type(error).__name__}: {error}")
-                for rest in cap.segments[pos:]:
-                    run_nodes(rest.nodes)
-                if rec is not None:
-                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
-                return "eager"
+                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, "capture_api_error",
+                                          f"launch: {type(error).__name__}: {error}")
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
             self.replayed_nodes.extend(seg.nodes)
@@ -254,7 +245,17 @@ class CaptureRunner:
                        reason: str, detail: str) -> str:
         """The recording failed: log why, and complete the step eagerly."""
         self._log_retire(rec, slot, reason, detail)
-        run_nodes(range(len(self.ex.plan.nodes)))
+        return self._finish_eagerly(cap, range(len(self.ex.plan.nodes)), run_nodes, rec, slot)
+
+    def _rest_eagerly(self, cap: SlotCapture, pos: int, run_nodes: Any, rec: Any, slot: str,
+                      reason: str, detail: str) -> str:
+        """A replay cannot go on at segment `pos`: retire, and run it and the rest eagerly."""
+        self._retire(cap, rec, slot, reason, detail)
+        rest = [k for seg in cap.segments[pos:] for k in seg.nodes]
+        return self._finish_eagerly(cap, rest, run_nodes, rec, slot)
+
+    def _finish_eagerly(self, cap: SlotCapture, nodes: Any, run_nodes: Any, rec: Any, slot: str) -> str:
+        run_nodes(nodes)
         if rec is not None:
             self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
         return "eager"

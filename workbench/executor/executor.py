@@ -84,6 +84,7 @@ class Executor(DecodeMemoSteps):
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
         # per-run scratch (reset at the start of every run)
+        self._view_plan_stale = False
         self._owners: dict[int, int] = {}
         self._observed: dict[int, tuple] = {}
         self._liveness_for: StoragePlan | None = None
@@ -368,7 +369,7 @@ class Executor(DecodeMemoSteps):
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
             rec.node(p.index, "eager", self.backend.stop_timer(t0))
-        materialized: list = []  # (slot, array) of outputs this run created just in time
+        materialized = None  # while recording: (slot, array) of outputs created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -379,20 +380,20 @@ class Executor(DecodeMemoSteps):
             elif d.view and o is None:
                 env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
                 if graph is not None and self._owners.get(vid) == vid:
-                    materialized.append((j, env[vid]))
+                    materialized = (materialized or []) + [(j, env[vid])]
             elif o is not None and getattr(r, "shape", None) == o.shape:
                 o[...] = r
                 env[vid] = o
             else:
                 env[vid] = self._adopt(p, vid, r, bindings)
                 if graph is not None and not any(is_view_of(r, x) for x in ins if x is not None):
-                    materialized.append((j, env[vid]))
+                    materialized = (materialized or []) + [(j, env[vid])]
         if graph is not None:
             # What a replay must redo: every write into a buffer, including a copy a
             # layout node made (into the array this run produced) or into a caller-bound
             # output. A pure zero-copy view is no work: its replay is the view itself.
             slots = list(outs)
-            for j, arr in materialized:
+            for j, arr in materialized or ():
                 slots[j] = arr
             if not d.view or any(o is not None for o in slots):
                 self.backend.record(graph, p.fn, ins, slots)
