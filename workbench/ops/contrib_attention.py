@@ -9,10 +9,10 @@ The one unavoidable host read is GroupQueryAttention's ``total_sequence_length``
 present / output_qk shape depends on it and the executor could not preallocate it.
 
 The exception is GroupQueryAttention's one-token decode fast path (batch 1, one new
-token), taken on the numpy backend only: it reads ``seqlens_k`` on the host to slice
-the caches to 0..pos. That is sound there because a CPU recorded-launch graph re-runs
-the kernel on every replay (the value is read afresh, never baked in); device backends
-always take the general path.
+token) on the numpy backend: it reads ``seqlens_k`` on the host (`numpy_first_int`) to
+attend over rows 0..pos only. That is sound there because a CPU recorded-launch graph
+re-runs the kernel on every replay (the value is read afresh, never baked in); on a
+device backend the same path keeps the position on the device and masks instead.
 """
 
 from __future__ import annotations
@@ -35,7 +35,16 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
+from .registry import (
+    CAPTURE_SUPPORTED,
+    CaptureVerdict,
+    KernelFn,
+    NodeInfo,
+    declined,
+    host_read,
+    numpy_first_int,
+    register,
+)
 
 # --- rotary embedding ---------------------------------------------------------------
 
@@ -320,10 +329,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     KV buffer), only the new rows are written. The present length is max(total, past).
 
     One-token decode (batch 1, S 1, no query_seqlens or output_qk, a past and both
-    presents) takes a fast path on the numpy backend: Q/K are rotated with the one cos/sin
-    row, K/V written at pos = seqlens_k[0] straight into the present buffer, and attention
-    runs over views of rows 0..pos (no working cache, no masks); every other case takes
-    the general path, with which it agrees to float32 rounding.
+    presents) takes a fast path: Q/K are rotated with the one cos/sin row, K/V written at
+    pos = seqlens_k[0] straight into the present buffer, and attention runs over rows
+    0..pos (numpy: a view of them; device backends: the whole buffer, masked past pos);
+    every other case takes the general path, with which it agrees to float32 rounding.
     """
     xp = info.xp
     num_heads = int(info.attr("num_heads"))
@@ -434,8 +443,6 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         # the new K/V row is scattered to it and attention masks the rows after it, so
         # nothing is read on the host and a captured graph replays with every step's
         # value. (A seqlens_k outside 0..present_len-1 is no decode step; it is clamped.)
-        pos = _clamp(xp, _first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
-        slots = xp.arange(present_len, dtype=np.int64)  # [L]
         ct = compute_dtype(query.dtype)
         qdt = query.dtype
         cache_dtype = past_key.dtype
@@ -462,6 +469,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         else:
             q = q_rows[:num_heads].astype(ct, copy=False)
             k_row = q_rows[num_heads:] if key is None else key.reshape(kv_num_heads, head_size)
+
+        if xp is np:
+            return attend_on_host_position(inputs, outs, q, k_row, v_row, present_shape, shared, ct)
+        pos = _clamp(xp, _first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
+        slots = xp.arange(present_len, dtype=np.int64)  # [L]
 
         # the present caches: rows 0..pos-1 from past, the new row at pos, zeros after
         # (a shared buffer keeps its other rows)
@@ -522,6 +534,69 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         else:
             out = emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
         return [out, presents[0], presents[1]] + [None] * (n_out - 3)
+
+    def attend_on_host_position(inputs: list, outs: list, q: Any, k_row: Any, v_row: Any,
+                                present_shape: tuple, shared: list, ct: np.dtype) -> list:
+        """The one-token path's second half on the numpy backend: pos read on the host,
+        attention over rows 0..pos only (a fixed-size cache is not scanned past the
+        current length; `decode_token`'s masked form computes the same values)."""
+        past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
+        attention_bias = inputs[10] if len(inputs) > 10 else None
+        head_sink = inputs[11] if len(inputs) > 11 else None
+        present_len, head_size = present_shape[2], present_shape[3]
+        pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
+        kept = min(past_key.shape[2], present_len, pos)
+        presents = []
+        for out, past, row, same in ((outs[1], past_key, k_row, shared[0]),
+                                     (outs[2], past_value, v_row, shared[1])):
+            if not same:
+                if out is None:
+                    out = np.empty(present_shape, dtype=past.dtype)
+                out[:, :, :kept] = past[:, :, :kept]
+                out[:, :, kept:] = 0
+            out[0, :, pos] = row
+            presents.append(out)
+        start = max(pos - local_window + 1, 0) if local_window > 0 else 0
+        keys, values = presents[0][0, :, start:pos + 1], presents[1][0, :, start:pos + 1]  # [KV, n, H]
+        if keys.dtype != ct:
+            keys, values = keys.astype(ct), values.astype(ct)
+        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+        scores = np.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
+        scores *= ct.type(alpha)  # [KV, G, n]
+        if softcap > 0.0:
+            cap = ct.type(softcap)
+            np.divide(scores, cap, out=scores)
+            np.tanh(scores, out=scores)
+            np.multiply(scores, cap, out=scores)
+        if attention_bias is not None:
+            stop = min(attention_bias.shape[3], pos + 1)  # past the bias: zeros, as the general path pads
+            if stop > start:
+                bias = attention_bias[0, :, 0, start:stop]
+                if bias.shape[0] != 1:
+                    bias = bias.reshape(kv_num_heads, group, stop - start)
+                scores[..., :stop - start] += bias.astype(ct, copy=False)
+        sink = None
+        if head_sink is not None:
+            sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
+        elif smooth_softmax:
+            sink = np.zeros((1, 1, 1), dtype=ct)
+        row_max = scores.max(axis=-1, keepdims=True)
+        if sink is not None:
+            row_max = np.maximum(row_max, sink)
+        scores -= row_max
+        np.exp(scores, out=scores)
+        denom = scores.sum(axis=-1, keepdims=True)
+        if sink is not None:
+            denom += np.exp(sink - row_max)
+        scores /= denom
+        out = outs[0]
+        q_hidden = num_heads * head_size
+        if (out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden)
+                and out.flags.c_contiguous):
+            np.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
+        else:
+            out = emit(out, np.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+        return [out, presents[0], presents[1]] + [None] * (len(outs) - 3)
 
     def general(inputs: list, outs: list) -> list:
         (query, key, value, past_key, past_value, seqlens_k, total_tensor, cos_cache, sin_cache,

@@ -205,6 +205,17 @@ def host_read(array: Any) -> np.ndarray:
     return get() if get is not None and not isinstance(array, np.ndarray) else np.asarray(array)
 
 
+def numpy_first_int(array: np.ndarray) -> int:
+    """The first value of a host (numpy) integer array, for a kernel's numpy-only path.
+
+    Sound while recording, unlike a device read: the numpy backend's recorded-launch
+    graphs call each kernel again at every replay, so the value is read afresh each
+    time, never baked in. Device arrays are refused (they go through `host_read`)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"numpy_first_int takes a numpy array, got {type(array).__name__}")
+    return int(array.reshape(-1)[0])  # host-ok: numpy's recorded launches re-run the kernel
+
+
 class recording_launches:
     """Context manager marking that kernel launches are being recorded for `label`."""
 

@@ -1,0 +1,184 @@
+"""Differential tests for the speed paths of one-token decode (issue 13).
+
+Each fast path changes how the work is done (a host-read position and a sliced
+attention window on the numpy backend, fused sibling MatMuls, fused norms), never a
+value: every test runs its graph at least six times with inputs at stable addresses
+and new contents, under the default mechanisms (memo, capture, views), and checks
+each run against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench
+import workbench.ops.contrib_attention as contrib_attention
+from workbench import SessionOptions
+
+RUNS = 8
+OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _tensor(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _ort(model):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _close(got, want, run, what):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {what}")
+
+
+def _gqa_decode_model(*, heads=6, kv_heads=2, head=16, hidden=32, capacity=24, max_pos=64, window=-1):
+    """x -> MatMul -> GroupQueryAttention (rotary, one token) with a fixed-capacity cache."""
+    rng = np.random.default_rng(11)
+    width = (heads + 2 * kv_heads) * head
+    w = numpy_helper.from_array((rng.standard_normal((hidden, width)) * 0.3).astype(np.float32), "w_qkv")
+    angles = np.arange(max_pos)[:, None] * (1.0 / 10000 ** (np.arange(head // 2) / (head // 2)))[None]
+    cos = numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos")
+    sin = numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")
+    kv_shape = [1, kv_heads, capacity, head]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"]),
+         helper.make_node("GroupQueryAttention",
+                          ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+                           "cos", "sin"],
+                          ["attn", "present_key", "present_value"], domain="com.microsoft",
+                          num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, local_window_size=window)],
+        "gqa_decode",
+        [_tensor("x", [1, 1, hidden]), _tensor("past_key", kv_shape), _tensor("past_value", kv_shape),
+         _tensor("seqlens_k", [1], TensorProto.INT32), _tensor("total_sequence_length", [], TensorProto.INT32)],
+        [_tensor("attn", [1, 1, heads * head]), _tensor("present_key", kv_shape),
+         _tensor("present_value", kv_shape)],
+        [w, cos, sin])
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=8), kv_shape, hidden
+
+
+class _CountHostPositions:
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = contrib_attention.numpy_first_int
+
+        def counting(array):
+            self.calls += 1
+            return real(array)
+        monkeypatch.setattr(contrib_attention, "numpy_first_int", counting)
+
+
+@pytest.mark.parametrize("window", [-1, 5])
+def test_gqa_host_position_path_on_a_shared_fixed_cache_vs_onnxruntime(monkeypatch, window):
+    """The shared KV buffer bound in place (the fixed-KV decode loop): attention reads
+    rows 0..pos of a 24-row cache, pos read on the host at every call — including the
+    captured replays, which re-run the kernel with the new position."""
+    counter = _CountHostPositions(monkeypatch)
+    model, kv_shape, hidden = _gqa_decode_model(window=window)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(5)
+    x = np.empty((1, 1, hidden), np.float32)
+    key = np.zeros(kv_shape, np.float32)
+    value = np.zeros(kv_shape, np.float32)
+    seqlens = np.empty((1,), np.int32)
+    total = np.empty((), np.int32)
+    attn = np.empty((1, 1, 96), np.float32)
+    ref_key, ref_value = key.copy(), value.copy()
+    binding = session.io_binding()
+    for name, arr in (("x", x), ("past_key", key), ("past_value", value), ("seqlens_k", seqlens),
+                      ("total_sequence_length", total)):
+        binding.bind_input(name, arr)
+    for name, arr in (("attn", attn), ("present_key", key), ("present_value", value)):
+        binding.bind_output(name, arr)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        seqlens[...] = 3 + 2 * run  # not contiguous steps: the position must be read every time
+        total[...] = seqlens[0] + 1
+        want = oracle.run(None, {"x": x.copy(), "past_key": ref_key, "past_value": ref_value,
+                                 "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()})
+        session.run_with_iobinding(binding)
+        _close(attn, want[0], run, "attention output")
+        _close(key, want[1], run, "present_key")
+        _close(value, want[2], run, "present_value")
+        ref_key, ref_value = want[1], want[2]
+    assert counter.calls == RUNS, "every run must take the host-position path"
+    assert (session.recording.capture_events().event == "replay").any(), "the replays must run for this to bite"
+
+
+def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch):
+    """Growing KV (a new, one-row-longer present each step): past rows copied, the new
+    row appended, attention over all of them."""
+    counter = _CountHostPositions(monkeypatch)
+    heads, kv_heads, head, hidden = 6, 2, 16, 32
+    model, _, _ = _gqa_decode_model(heads=heads, kv_heads=kv_heads, head=head, hidden=hidden)
+    for vi in list(model.graph.input)[1:3] + list(model.graph.output)[1:]:
+        vi.type.tensor_type.shape.dim[2].dim_param = "past" if vi.name.startswith("past") else "total"
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(6)
+    x = np.empty((1, 1, hidden), np.float32)
+    past_key = rng.standard_normal((1, kv_heads, 4, head)).astype(np.float32)
+    past_value = rng.standard_normal((1, kv_heads, 4, head)).astype(np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        length = past_key.shape[2]
+        feeds = {"x": x, "past_key": past_key, "past_value": past_value,
+                 "seqlens_k": np.array([length], np.int32), "total_sequence_length": np.array(length + 1, np.int32)}
+        want = oracle.run(None, {k: v.copy() for k, v in feeds.items()})
+        got = session.run(None, feeds)
+        for i, what in enumerate(("attention output", "present_key", "present_value")):
+            _close(got[i], want[i], run, what)
+        past_key, past_value = want[1], want[2]
+    assert counter.calls == RUNS
+
+
+def _sibling_matmul_model(rows, opset):
+    """x feeds three MatMuls with their own weights (widths 8, 4, 12); one product is a
+    graph output itself, the others feed a node each; a fourth MatMul shares x but also
+    its weight with another reader, so it must stay apart."""
+    rng = np.random.default_rng(21)
+    weights = [numpy_helper.from_array(rng.standard_normal((6, n)).astype(np.float32), f"w{i}")
+               for i, n in enumerate((8, 4, 12, 5))]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["q"]),
+             helper.make_node("MatMul", ["x", "w1"], ["k"]),
+             helper.make_node("MatMul", ["x", "w2"], ["v"]),
+             helper.make_node("MatMul", ["x", "w3"], ["shared"]),
+             helper.make_node("Relu", ["q"], ["q_out"]),
+             helper.make_node("Neg", ["k"], ["k_out"]),
+             helper.make_node("Add", ["shared", "w3_row"], ["shared_out"]),
+             helper.make_node("ReduceSum", ["w3"], ["w3_total"], keepdims=0)]
+    row = numpy_helper.from_array(np.ones((5,), np.float32), "w3_row")
+    graph = helper.make_graph(
+        nodes, "siblings", [_tensor("x", [1, rows, 6])],
+        [_tensor("q_out", [1, rows, 8]), _tensor("k_out", [1, rows, 4]), _tensor("v", [1, rows, 12]),
+         _tensor("shared_out", [1, rows, 5]), _tensor("w3_total", [])],
+        weights + [row])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("opset", [11, 17])
+def test_sibling_matmuls_fused_vs_onnxruntime(rows, opset):
+    """One MatMul over the concatenated weights and a Split (the Split-13 input form or
+    the Split-11 attribute): for one row the parts are contiguous views, for three they
+    are strided. Every output equals onnxruntime's, run after run on one input buffer."""
+    model = _sibling_matmul_model(rows, opset)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    fused = session.recording.rewrites().query("rule == 'matmul_siblings'")
+    assert len(fused) == 1 and list(fused.original_ops.iloc[0]) == ["MatMul"] * 3
+    ops = [n.op_type for n in session.graph.nodes]
+    assert ops.count("MatMul") == 2 and ops.count("Split") == 1, "q/k/v fused; the shared weight's MatMul apart"
+    oracle = _ort(model)
+    rng = np.random.default_rng(22)
+    x = np.empty((1, rows, 6), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        got = session.run(None, {"x": x})
+        want = oracle.run(None, {"x": x.copy()})
+        for g, w, name in zip(got, want, ("q_out", "k_out", "v", "shared_out", "w3_total"), strict=True):
+            _close(g, w, run, name)
