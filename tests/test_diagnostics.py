@@ -302,7 +302,9 @@ def test_diff_of_capture_on_and_off_shows_the_segments(how, tmp_path):
     cov = d[(d.aspect == "time") & (d.item == "decode time replayed (share)")].iloc[0]
     assert cov.a > 0 and cov.b == 0
     mode = d[d.aspect == "mode"]
-    assert (mode.a == "replayed").any() and set(mode.b) == {"eager"}
+    # capture off: nodes run eagerly, or are elided by the memo (the fused Q/K/V's Split
+    # is a view the cached view plan reinstates); none is replayed
+    assert (mode.a == "replayed").any() and "eager" in set(mode.b) and set(mode.b) <= {"eager", "elided"}
     plan = d[(d.aspect == "plan") & d.changed]
     assert plan.empty, "same model: the plans agree"
 

@@ -309,11 +309,17 @@ def test_load_time_rewrites_show_in_summary_html_and_plan_view(rewritten):
 
     tied, gpt2 = rewritten["tied"], rewritten["gpt2"]
     s = reports.summary(tied).set_index("metric")
-    assert s.loc["load-time rewrites", "value"] == 1
-    assert s.loc["load-time rewrites", "text"].startswith("1 nodes folded / removed at load, +128.00 KiB")
-    nodes = rewritten_nodes(tied)
+    # the folded Transpose, and per layer Q/K/V fused into one MatMul + Split (one node fewer)
+    assert s.loc["load-time rewrites", "value"] == 3
+    assert s.loc["load-time rewrites", "text"].startswith("3 nodes folded / fused / removed at load, +128.00 KiB")
+    assert "constant_folding 1, matmul_siblings 2" in s.loc["load-time rewrites", "text"]
+    all_nodes = rewritten_nodes(tied)
+    nodes = all_nodes[all_nodes.rule == "constant_folding"]
     assert list(nodes["node"]) == ["/model/embed_tokens/tied/Transpose"]
-    assert list(nodes["rule"]) == ["constant_folding"] and list(nodes["op_type"]) == ["Transpose"]
+    assert list(nodes["op_type"]) == ["Transpose"]
+    fused = all_nodes[all_nodes.rule == "matmul_siblings"]
+    assert "/model/layers.0/mlp/up_proj/MatMul" in set(fused["node"])  # two into two: still not in the plan
+    assert not set(fused["node"]) & set(tied.nodes()["name"])
     assert "/model/embed_tokens/tied/Transpose" not in set(tied.nodes()["name"])
     page = reports.render_html(tied)
     assert '<h2 id="rewrites">Load-time rewrites</h2>' in page
@@ -328,7 +334,7 @@ def test_load_time_rewrites_show_in_summary_html_and_plan_view(rewritten):
     n_const = int(gpt2.rewrites().query("rule == 'constant_folding'")["nodes_saved"].sum())
     assert n_const > 0 and len(g) == n_const and set(g["op_type"]) == {"Constant"}
     s2 = reports.summary(gpt2).set_index("metric")
-    assert s2.loc["load-time rewrites", "text"].startswith(f"{n_const} nodes folded / removed at load")
+    assert s2.loc["load-time rewrites", "text"].startswith(f"{n_const} nodes folded / fused / removed at load")
     assert g["node"].iloc[0] in PlanView(gpt2).rewrites.value
 
 

@@ -746,16 +746,19 @@ def test_a_real_view_walk_is_legible():
     assert len(wf.layout.yaxis.ticktext) <= 16
 
 
-def test_plan_view_says_when_rewrites_kept_every_node():
-    """llama's onnx flavour only relays MatMul weights (matvec_layout): the Plan tab says
-    so instead of "none", right under the strip."""
+def test_plan_view_says_when_rewrites_kept_every_node(monkeypatch):
+    """With the fusion rules off, llama's onnx flavour only relays MatMul weights
+    (matvec_layout): the Plan tab says so instead of "none", right under the strip."""
+    import workbench.executor.fusion as fusion
     from workbench.widgets import PlanView
+
+    monkeypatch.setattr(fusion, "RULES", [])
 
     session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
     rw = session.recording.rewrites()
     assert set(rw["rule"]) == {"matvec_layout"} and int(rw["nodes_saved"].sum()) == 0
     view = PlanView(session.recording)
     text = view.rewrites.value
-    assert "0 nodes folded / removed at load" in text and "no node of the loaded graph was removed" in text
+    assert "0 nodes folded / fused / removed at load" in text and "no node of the loaded graph was removed" in text
     assert f"({len(rw)} nodes kept, their weights rewritten)" in text
     assert view.children.index(view.rewrites) < view.children.index(view.table)

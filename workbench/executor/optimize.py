@@ -16,7 +16,8 @@ Levels (named as onnxruntime's `GraphOptimizationLevel`): ``disabled``; ``basic`
 makes the rewrites above; ``extended`` and ``all`` also fold shape arithmetic at run
 time on decode-plan memo replays (`memo.shape_fold_nodes`: Shape -> Gather ->
 Unsqueeze -> Concat chains over invariant shapes, served from the reference step).
-No fusion rule exists yet.
+``extended`` and ``all`` also run the fusion rules (`executor.fusion`): several nodes
+replaced by fewer, faster ones computing the same values.
 Folding uses the workbench's own kernels, the ones a run would use, so a folded
 value is the value the unfolded graph computes.
 """
@@ -24,17 +25,19 @@ value is the value the unfolded graph computes.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ops import registry
+from .fusion import fuse
+from .graph_edit import Rewrite, readers
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
 
 LEVELS = GRAPH_OPTIMIZATION_LEVELS
+__all__ = ["LEVELS", "Rewrite", "check_level", "optimize", "rewrite_rows"]
 
 #: ops whose value is not a function of their inputs
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -42,19 +45,6 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLik
 #: a folded result may be at most this many times its inputs' bytes (plus a little):
 #: folding must not turn a small ConstantOfShape / Expand into a big resident tensor
 _GROWTH, _SLACK_BYTES = 4, 1 << 16
-
-
-@dataclass(frozen=True)
-class Rewrite:
-    rule: str
-    #: the loaded graph's nodes the rewrite replaced or removed
-    original_nodes: tuple[str, ...]
-    original_ops: tuple[str, ...]
-    #: what stands in their place: initializer names, or "" when simply removed
-    result: str
-    nodes_saved: int
-    #: resident bytes the rewrite adds (a folded initializer) or frees (negative)
-    bytes_delta: int
 
 
 def check_level(level: str) -> str:
@@ -72,10 +62,13 @@ def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph,
     if check_level(level) == "disabled":
         return graph, []
     out = dataclasses.replace(graph, values=list(graph.values), nodes=list(graph.nodes),
-                              initializers=dict(graph.initializers), by_name=dict(graph.by_name))
+                              initializers=dict(graph.initializers), by_name=dict(graph.by_name),
+                              opsets=dict(graph.opsets))
     rewrites = _fold_constants(out)
     rewrites += _drop_dead_nodes(out)
     rewrites += _drop_unused_initializers(out)
+    if level in ("extended", "all"):
+        rewrites += fuse(out, graph.initializers if release else None)
     if level == "all":
         rewrites += _matvec_layout(out, graph.initializers if release else None)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
@@ -150,18 +143,12 @@ def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
     about 1.5x), a one-time cost per prompt. The summation order changes with the
     layout, so results move within float rounding (level "all" only); a model gives the
     same bits whether its weights are embedded or in external data (both are relaid)."""
-    readers: dict[int, list[tuple[Node, int]]] = {}
-    for node in graph.nodes:
-        for pos, vid in enumerate(node.inputs):
-            if vid >= 0:
-                readers.setdefault(vid, []).append((node, pos))
-        for vid in node.captures:
-            readers.setdefault(vid, []).append((node, -1))
+    read_by = readers(graph)
     outputs = set(graph.outputs)
     rewrites = []
     for vid in list(graph.initializers):  # ids only: a snapshot of the arrays would keep every original alive
         array = graph.initializers[vid]
-        uses = readers.get(vid, [])
+        uses = read_by.get(vid, [])
         if (array.ndim != 2 or array.dtype not in (np.float32, np.float64) or vid in outputs or not uses
                 or array.shape[0] < 2 or array.shape[1] < 2 or array.flags.f_contiguous
                 or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
@@ -171,7 +158,7 @@ def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
             release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
         del array
         rewrites.append(Rewrite("matvec_layout", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
-                                graph.values[vid].name, 0, 0))
+                                graph.values[vid].name, 0, 0, kept=True))
     return rewrites
 
 
@@ -207,4 +194,5 @@ def _drop_unused_initializers(graph: Graph) -> list[Rewrite]:
 def rewrite_rows(rewrites: list[Rewrite]) -> list[dict[str, Any]]:
     """One row per rewrite, for the recording's `rewrites` table."""
     return [{"rule": r.rule, "original_nodes": list(r.original_nodes), "original_ops": list(r.original_ops),
-             "result": r.result, "nodes_saved": r.nodes_saved, "bytes_delta": r.bytes_delta} for r in rewrites]
+             "result": r.result, "nodes_saved": r.nodes_saved, "bytes_delta": r.bytes_delta, "kept": r.kept}
+            for r in rewrites]

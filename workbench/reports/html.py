@@ -199,7 +199,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
     else:
         page.text(rw[2] + ". These nodes of the loaded graph are not in the plan above: "
                   + "; ".join(f"{k} = {v}" for k, v in REWRITE_RULES.items()) + ".", "meta")
-        page.table(rewritten_nodes(f), "nodes folded / removed at load (not in the plan)")
+        page.table(rewritten_nodes(f), "nodes folded / fused / removed at load (not in the plan)")
         kept = rewritten_nodes(f, in_plan=True)
         if not kept.empty:
             page.table(kept, f"{len(kept)} nodes kept in the plan, their weights rewritten")

@@ -1,4 +1,4 @@
-"""What the load-time optimizer changed: the loaded graph's nodes folded / removed
+"""What the load-time optimizer changed: the loaded graph's nodes folded / fused / removed
 before the plan was built (`Recording.rewrites`), one row per original node."""
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ REWRITE_RULES = {
     "dead_node": "removed: its outputs feed nothing",
     "unused_initializer": "initializer dropped: nothing reads it",
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
+    "matmul_siblings": "fused: MatMuls of one input, weights concatenated into one MatMul + Split",
 }
 
-REWRITE_COLUMNS = ["rule", "original_nodes", "original_ops", "result", "nodes_saved", "bytes_delta"]
+REWRITE_COLUMNS = ["rule", "original_nodes", "original_ops", "result", "nodes_saved", "bytes_delta", "kept"]
 
 
 def load_rewrites(src: Recording | Frames) -> pd.DataFrame | None:
@@ -41,7 +42,7 @@ def rewritten_nodes(src: Recording | Frames, in_plan: bool = False) -> pd.DataFr
     rows = []
     if df is not None:
         for r in df.itertuples(index=False):
-            if (int(r.nodes_saved or 0) == 0) != in_plan:
+            if _kept(r) != in_plan:
                 continue
             names = list(r.original_nodes) if r.original_nodes is not None else []
             ops = list(r.original_ops) if r.original_ops is not None else []
@@ -51,17 +52,31 @@ def rewritten_nodes(src: Recording | Frames, in_plan: bool = False) -> pd.DataFr
     return pd.DataFrame(rows, columns=["node", "op_type", "rule", "what", "result", "bytes_delta"])
 
 
+def _kept(row) -> bool:
+    """Whether the rewrite left its original nodes in the plan (recordings made before
+    the `kept` column existed: when it saved no node)."""
+    kept = getattr(row, "kept", None)
+    if kept is None or kept != kept:  # absent, or NaN in an older table
+        return int(row.nodes_saved or 0) == 0
+    return bool(kept)
+
+
+def _rule_part(rule: str, rows: pd.DataFrame) -> str:
+    saved = int(rows["nodes_saved"].fillna(0).sum())
+    if all(_kept(r) for r in rows.itertuples(index=False)):
+        return f"{rule}: {len(rows)} weights relaid, nodes kept"
+    return f"{rule} {saved}" if saved else f"{rule}: {len(rows)} rewrites, no node saved"
+
+
 def rewrites_line(src: Recording | Frames) -> tuple[int, int, str] | None:
-    """(nodes saved, bytes delta, "N nodes folded / removed at load, M bytes (...)")
+    """(nodes saved, bytes delta, "N nodes folded / fused / removed at load, M bytes (...)")
     or None when not recorded."""
     df = load_rewrites(src)
     if df is None:
         return None
     n = int(df["nodes_saved"].fillna(0).sum()) if len(df) else 0
     b = int(df["bytes_delta"].fillna(0).sum()) if len(df) else 0
-    parts = ", ".join(f"{rule} {int(g['nodes_saved'].fillna(0).sum())}" if int(g["nodes_saved"].fillna(0).sum())
-                      else f"{rule}: {len(g)} weights relaid, nodes kept"
-                      for rule, g in df.groupby("rule", sort=False)) if len(df) else "none"
+    parts = ", ".join(_rule_part(rule, g) for rule, g in df.groupby("rule", sort=False)) if len(df) else "none"
     sign = "+" if b > 0 else ("-" if b < 0 else "")
-    return n, b, (f"{n} nodes folded / removed at load, {sign}{fmt_bytes(abs(b))} resident "
+    return n, b, (f"{n} nodes folded / fused / removed at load, {sign}{fmt_bytes(abs(b))} resident "
                   f"({parts})")

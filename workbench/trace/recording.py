@@ -509,12 +509,13 @@ class Recording:
 
     def rewrites(self) -> pd.DataFrame:
         """What the load-time optimizer changed (`SessionOptions.graph_optimization_level`):
-        `rule` (constant_folding, dead_node, unused_initializer), `original_nodes`,
-        `original_ops` (the loaded graph's nodes replaced or removed), `result` (the
-        initializers standing in their place), `nodes_saved`, `bytes_delta` (resident
-        bytes added, negative when freed)."""
+        `rule` (constant_folding, dead_node, unused_initializer, matvec_layout, the fusion
+        rules such as matmul_siblings), `original_nodes`, `original_ops` (the loaded
+        graph's nodes replaced, removed or changed), `result` (the initializers or nodes
+        standing in their place), `nodes_saved`, `bytes_delta` (resident bytes added,
+        negative when freed), `kept` (the original nodes stay in the plan, changed)."""
         return self._named_table("rewrites", ["rule", "original_nodes", "original_ops", "result",
-                                              "nodes_saved", "bytes_delta"])
+                                              "nodes_saved", "bytes_delta", "kept"])
 
     def shadow_checks(self) -> pd.DataFrame:
         """One row per shadowed step: `step, slot, checked, divergences, mechanisms`

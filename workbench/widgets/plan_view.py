@@ -32,7 +32,7 @@ class PlanView(RecordingView):
         # the right, and the table's mode / duration / segment columns scrolled off-screen
         self.detail = W.HTML(layout=W.Layout(width="100%"))
         self.detail.add_class("wb-node-detail")
-        # the loaded graph's nodes that a load-time rewrite folded / removed: not in the plan
+        # the loaded graph's nodes that a load-time rewrite folded / fused / removed: not in the plan
         self.rewrites = W.HTML(layout=W.Layout(width="100%"))
         self.rewrites.add_class("wb-rewrites")
         self.rewrites.value = rewrites_html(self.frames)  # static: shown before any step too
@@ -80,7 +80,7 @@ def node_detail_html(d: dict | None) -> str:
 
 
 def rewrites_html(frames) -> str:
-    """The Plan tab's "Load-time rewrites" table: original nodes folded / removed, by rule."""
+    """The Plan tab's "Load-time rewrites" table: original nodes folded / fused / removed, by rule."""
     line = rewrites_line(frames)
     if line is None:
         return "<p><b>Load-time rewrites</b>: not recorded in this recording.</p>"
