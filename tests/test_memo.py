@@ -37,9 +37,18 @@ def test_timeline_primes_rebuilds_then_replays_every_step(name):
     if has_views:
         assert stage2[:4] == ["none", "none", "candidate", "validated"]
         assert set(stage2[4:]) == {"validated"}
-        assert (timeline.dispatch_elided.iloc[4:] > 0).all() and timeline.dispatch_elided.iloc[:4].sum() == 0
-        elided = session.recording.node_timings().query("mode == 'elided'")
-        assert set(elided.step) == set(range(4, 64))
+        # from step 4 Stage 2 elides the view nodes it admitted, except those replayed
+        # inside a captured segment (the fused Q/K/V Split of llama-genai sits in one);
+        # the timeline counts the elided ones
+        nodes = session.recording.nodes()
+        views = set(nodes[nodes.produces_view].plan_index)
+        timings = session.recording.node_timings()
+        late = timings[timings.plan_index.isin(views) & (timings.step >= 4)]
+        assert set(late.step) == set(range(4, 64))
+        elided = late[late["mode"] == "elided"].groupby("step").size().reindex(range(4, 64), fill_value=0)
+        assert timeline.dispatch_elided.iloc[4:].tolist() == elided.tolist()
+        assert timeline.dispatch_elided.iloc[:4].sum() == 0
+        assert elided.sum() > 0 or set(late["mode"]) == {"replayed"}
     else:
         assert set(stage2) == {"none"}  # no layout ops: nothing to cache
     stats = session.memo_stats()

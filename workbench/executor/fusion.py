@@ -4,9 +4,9 @@ A fusion replaces several nodes of the loaded graph with fewer that compute the 
 values (to float rounding: a fused kernel may sum in another order, as onnxruntime's
 fusions do), and is recorded as a `Rewrite` naming every node it replaced.
 
-`RULES` runs in order; each rule takes the graph being rewritten (edited in place) and
-`release`, the loaded graph's initializers when the caller wants replaced weights
-dropped as it goes (so load never holds the model twice).
+`RULES` runs in order; each rule takes the graph being rewritten (edited in place),
+`release` (the loaded graph's initializers when the caller wants replaced weights
+dropped as it goes, so load never holds the model twice) and the level.
 
 - ``matmul_siblings``: MatMuls that read the same input with their own 2-D weights
   (Q/K/V projections, an MLP's gate and up) become one MatMul over the concatenated
@@ -28,14 +28,15 @@ from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers,
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def fuse(graph: Graph, release: dict | None) -> list[Rewrite]:
+def fuse(graph: Graph, release: dict | None, level: str) -> list[Rewrite]:
     rewrites: list[Rewrite] = []
     for rule in RULES:
-        rewrites += rule(graph, release)
+        rewrites += rule(graph, release, level)
     return rewrites
 
 
-def fuse_sibling_matmuls(graph: Graph, release: dict | None) -> list[Rewrite]:
+def fuse_sibling_matmuls(graph: Graph, release: dict | None, level: str) -> list[Rewrite]:
+    column_major = level == "all"
     read_by = readers(graph)
     outputs = set(graph.outputs)
     groups: dict[tuple, list[Node]] = {}
@@ -46,7 +47,7 @@ def fuse_sibling_matmuls(graph: Graph, release: dict | None) -> list[Rewrite]:
     rewrites = []
     for members in groups.values():
         if len(members) >= 2:
-            rewrites.append(_fuse_group(graph, members, release))
+            rewrites.append(_fuse_group(graph, members, release, column_major))
     return rewrites
 
 
@@ -65,10 +66,16 @@ def _own_weight(graph: Graph, node: Node, read_by: dict, outputs: set[int]) -> n
     return weight
 
 
-def _fuse_group(graph: Graph, members: list[Node], release: dict | None) -> Rewrite:
+def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_major: bool) -> Rewrite:
     weights = [graph.initializers[n.inputs[1]] for n in members]
     widths = [w.shape[1] for w in weights]
-    fused = np.concatenate(weights, axis=1)  # row-major, as loaded (level "all" relays it)
+    # written once, in the layout level "all" gives MatMul weights (matvec_layout then
+    # leaves it): a second copy of the model's largest weights would double load time
+    fused = np.empty((weights[0].shape[0], sum(widths)), weights[0].dtype, order="F" if column_major else "C")
+    at = 0
+    for w in weights:
+        fused[:, at:at + w.shape[1]] = w
+        at += w.shape[1]
     for n in members:
         del graph.initializers[n.inputs[1]]
         if release is not None:
@@ -94,4 +101,4 @@ def _split_node(graph: Graph, name: str, source: int, parts: list[int], widths: 
     return make_node(graph, name, "Split", [source], parts, axis=-1, split=list(widths))
 
 
-RULES: list[Callable[[Graph, dict | None], list[Rewrite]]] = [fuse_sibling_matmuls]
+RULES: list[Callable[[Graph, dict | None, str], list[Rewrite]]] = [fuse_sibling_matmuls]

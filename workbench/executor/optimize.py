@@ -68,7 +68,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph,
     rewrites += _drop_dead_nodes(out)
     rewrites += _drop_unused_initializers(out)
     if level in ("extended", "all"):
-        rewrites += fuse(out, graph.initializers if release else None)
+        rewrites += fuse(out, graph.initializers if release else None, level)
     if level == "all":
         rewrites += _matvec_layout(out, graph.initializers if release else None)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]

@@ -75,8 +75,9 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
     """`rotate` of a 2-D [M, H] array by one cos/sin row ([rot_dim / 2]), into a fresh
     array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
 
-    Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin) as
-    x * cos + swap(x) * (-sin, sin), the swap being a reversed view of the halves.
+    Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin): x * cos, then
+    swap(x) * sin subtracted from the first half and added to the second, the swap
+    being a reversed view of the halves.
     """
     rows, width = x.shape
     half = rot_dim // 2
@@ -95,7 +96,9 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
         return out
     halves = x[:, :rot_dim].reshape(rows, 2, half)
     out = halves * cos
-    out += halves[:, ::-1] * xp.stack((-sin, sin))  # (-sin, sin) per half: negation is exact
+    swapped = halves[:, ::-1] * sin  # (b sin, a sin)
+    out[:, 0] -= swapped[:, 0]
+    out[:, 1] += swapped[:, 1]
     out = out.reshape(rows, rot_dim)
     if rot_dim < width:
         out = xp.concatenate((out, x[:, rot_dim:]), axis=1)
@@ -455,9 +458,14 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             q_rows = query.reshape(num_heads, head_size)
             v_row = value.reshape(kv_num_heads, head_size)
         if do_rotary:
-            p = _first_int(xp, seqlens_k) if position_ids is None else _first_int(xp, position_ids)
-            p = _clamp(xp, p, 0, cos_cache.shape[0] - 1)
-            c, sn = xp.take(cos_cache, p, axis=0)[0], xp.take(sin_cache, p, axis=0)[0]
+            if xp is np:  # the row itself, a view (the position read on the host, as below)
+                p = numpy_first_int(seqlens_k if position_ids is None else position_ids)
+                p = min(max(p, 0), cos_cache.shape[0] - 1)
+                c, sn = cos_cache[p], sin_cache[p]
+            else:
+                p = _first_int(xp, seqlens_k) if position_ids is None else _first_int(xp, position_ids)
+                p = _clamp(xp, p, 0, cos_cache.shape[0] - 1)
+                c, sn = xp.take(cos_cache, p, axis=0)[0], xp.take(sin_cache, p, axis=0)[0]
             if key is not None:
                 q_rows = xp.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
             if c.dtype != ct:
