@@ -122,6 +122,32 @@ def build_fast_gelu(info: NodeInfo) -> KernelFn:
     return run
 
 
+@register("Gelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
+def build_ms_gelu(info: NodeInfo) -> KernelFn:
+    """y = 0.5 x (1 + erf(x / sqrt 2)): the erf GELU (what the load-time fusion makes of
+    it below opset 20, where the default-domain Gelu does not exist yet)."""
+    from .elementwise import _erf_function  # noqa: PLC0415 - the backend's erf, shared
+
+    erf = _erf_function(info.xp)
+    dtype = out_dtype(info)
+
+    def run(inputs: list, outs: list) -> tuple:
+        x = inputs[0]
+        ct = compute_dtype(x.dtype)
+        v = x.astype(ct)
+        t = v * ct.type(_SQRT_HALF)
+        erf(t, out=t)
+        t += ct.type(1.0)
+        t *= v
+        t *= ct.type(0.5)
+        return (emit(outs[0], t, dtype),)
+
+    return run
+
+
+_SQRT_HALF = 0.7071067811865476
+
+
 @register("QuickGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
 def build_quick_gelu(info: NodeInfo) -> KernelFn:
     """y = x * sigmoid(alpha * x)."""

@@ -22,6 +22,10 @@ REWRITE_RULES = {
     "unused_initializer": "initializer dropped: nothing reads it",
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
     "matmul_siblings": "fused: MatMuls of one input, weights concatenated into one MatMul + Split",
+    "rms_norm": "fused: RMSNorm written out op by op, as one SimplifiedLayerNormalization",
+    "layer_norm": "fused: LayerNorm written out op by op, as one LayerNormalization",
+    "gelu": "fused: GELU (erf or tanh form) written out op by op, as one Gelu / FastGelu",
+    "silu": "fused: x * Sigmoid(x) (SiLU), as one com.microsoft QuickGelu(alpha=1)",
 }
 
 REWRITE_COLUMNS = ["rule", "original_nodes", "original_ops", "result", "nodes_saved", "bytes_delta", "kept"]
