@@ -1,8 +1,10 @@
 """The Recording: a columnar, saveable log of everything the executor did.
 
 Emission is the hot path (one call per node per step while a model generates), so
-every emitting method only appends to per-column Python lists: no event objects,
-no dicts, no pandas. One extra small int per event (`_order`, the table it went to)
+every emitting method only appends to Python lists: per-column lists for the
+per-node tables; for liveness rows and generic-table rows (`add_row`, `add_rows`)
+the rows as given, laid out into columns the first time something reads them (a
+liveness step equal to the last one shares its tuple). No event objects, no pandas. One extra small int per event (`_order`, the table it went to)
 keeps the global emission order, so `events()` and the `seq` column of every frame
 can replay the interleaving exactly.
 
@@ -73,21 +75,71 @@ _LIVENESS_WIDTH = len(TABLE_COLUMNS["liveness"]) - 1
 
 
 class _Generic:
-    """A table added through `add_row`: columns appear as rows name them (earlier rows: None)."""
+    """A table added through `add_row`: columns appear as rows name them (earlier rows: None).
 
-    __slots__ = ("cols", "n", "code")
+    Rows are kept as emitted (`pending`: (step, {column: value}) or a block
+    (step, column names, rows of values)) and laid out into `cols` when read."""
+
+    __slots__ = ("_cols", "_n", "code", "pending")
 
     def __init__(self, code: int):
-        self.cols: dict[str, list] = {"step": []}
-        self.n = 0
+        self._cols: dict[str, list] = {"step": []}
+        self._n = 0
         self.code = code
+        self.pending: list[tuple] = []
+
+    @property
+    def cols(self) -> dict[str, list]:
+        if self.pending:
+            self._flush()
+        return self._cols
+
+    @cols.setter
+    def cols(self, cols: dict[str, list]) -> None:
+        self.pending.clear()
+        self._cols = cols
+
+    @property
+    def n(self) -> int:
+        return self._n + sum(1 if len(p) == 2 else len(p[2]) for p in self.pending)
+
+    @n.setter
+    def n(self, n: int) -> None:
+        self.cols  # noqa: B018 - lay out what is pending first
+        self._n = n
+
+    def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for item in pending:
+            if len(item) == 2:
+                self._lay_out(item[0], item[1])
+            else:
+                step, keys = item[0], item[1]
+                for values in item[2]:
+                    self._lay_out(step, dict(zip(keys, values)))
+
+    def _lay_out(self, step: int, columns: dict[str, Any]) -> None:
+        cols, n = self._cols, self._n
+        if "step" not in columns:
+            cols["step"].append(step)
+        for k, v in columns.items():
+            col = cols.get(k)
+            if col is None:
+                col = cols[k] = [None] * n
+            col.append(v)
+        n += 1
+        if len(columns) + ("step" not in columns) != len(cols):
+            for col in cols.values():
+                if len(col) < n:
+                    col.append(None)
+        self._n = n
 
 
 class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
     Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
-    `buffer`, `view`, `alias`, `materialize`, `liveness`, `end_step`, `add_row`.
+    `buffer`, `view`, `alias`, `materialize`, `liveness`, `end_step`, `add_row`, `add_rows`.
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
     `materializations`, `memory_summary`, `memory_plan`, `table`, `tables`, `events`,
@@ -95,8 +147,12 @@ class Recording:
     """
 
     def __init__(self) -> None:
-        self._t: dict[str, dict[str, list]] = {
+        self._tables: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in TABLE_COLUMNS.items()}
+        #: liveness rows as emitted, (step, tuple of row tuples), laid out when read;
+        #: a step whose rows equal the last step's shares that step's tuple
+        self._lv_pending: list[tuple[int, tuple]] = []
+        self._lv_last: tuple | None = None
         self._static: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in STATIC_COLUMNS.items()}
         self._generic: dict[str, _Generic] = {}
@@ -106,9 +162,26 @@ class Recording:
         self._maps: tuple | None = None
         self._bind()
 
+    @property
+    def _t(self) -> dict[str, dict[str, list]]:
+        """The built-in tables, column by column (pending liveness rows laid out first)."""
+        if self._lv_pending:
+            self._flush_liveness()
+        return self._tables
+
+    def _flush_liveness(self) -> None:
+        pending, self._lv_pending = self._lv_pending, []
+        lv = self._tables["liveness"]
+        names = TABLE_COLUMNS["liveness"][1:]
+        for step, rows in pending:
+            lv["step"].extend([step] * len(rows))
+            for name, col in zip(names, zip(*rows)):
+                lv[name].extend(col)
+
     def _bind(self) -> None:
         """Direct references to the hot columns (the lists are only ever cleared in place)."""
-        ne, bu, vi, al, ma = (self._t[k] for k in ("node_exec", "buffer", "view", "alias", "materialize"))
+        ne, bu, vi, al, ma = (self._tables[k] for k in ("node_exec", "buffer", "view", "alias", "materialize"))
+        self._steps = self._tables["steps"]
         self._ne = (ne["step"], ne["plan_index"], ne["mode"], ne["duration_s"])
         self._ne_step, self._ne_pi, self._ne_mode, self._ne_dur = self._ne
         self._bu_step, self._bu_ev, self._bu_vid, self._bu_nb, self._bu_pi = (
@@ -140,7 +213,7 @@ class Recording:
     def begin_step(self, slot: str = "primary", phase: str = "",
                    bindings: dict[str, int] | None = None) -> int:
         """Open a step (one run); returns its index, carried by every event until the next one."""
-        s = self._t["steps"]
+        s = self._steps
         step = len(s["step"])
         s["step"].append(step)
         s["slot"].append(slot)
@@ -220,21 +293,30 @@ class Recording:
         """
         if rows is None:
             return self.liveness_frame()
-        rows = rows if isinstance(rows, list) else list(rows)
-        if not rows:
-            return None
-        for r in rows:
-            if len(r) != _LIVENESS_WIDTH:
-                raise TraceError(
-                    f"liveness row {r!r} has {len(r)} fields; expected {_LIVENESS_WIDTH}: "
-                    "(value_id, storage, owner_id, nbytes, first_def, last_use, pinned, released_at)")
-        lv = self._t["liveness"]
-        n = len(rows)
-        lv["step"].extend([self._step] * n)
-        for name, col in zip(TABLE_COLUMNS["liveness"][1:], zip(*rows)):
-            lv[name].extend(col)
-        self._order.extend([CODE_LIVENESS] * n)
+        if rows is not self._lv_last:
+            rows = self._frozen_liveness(rows)
+            if not rows:
+                return None
+            self._lv_last = rows
+        self._lv_pending.append((self._step, rows))
+        self._order.extend([CODE_LIVENESS] * len(rows))
         return None
+
+    @staticmethod
+    def _frozen_liveness(rows: Iterable[tuple]) -> tuple:
+        """`rows` checked and as a tuple of tuples (kept as it is when it already is one:
+        a caller that passes the same tuple again, unchanged, is not checked again)."""
+        if type(rows) is not tuple or set(map(type, rows)) - {tuple}:
+            rows = rows if isinstance(rows, (list, tuple)) else list(rows)
+            frozen = tuple(map(tuple, rows))
+        else:
+            frozen = rows
+        if frozen and set(map(len, frozen)) != {_LIVENESS_WIDTH}:
+            r = next(r for r in rows if len(r) != _LIVENESS_WIDTH)
+            raise TraceError(
+                f"liveness row {r!r} has {len(r)} fields; expected {_LIVENESS_WIDTH}: "
+                "(value_id, storage, owner_id, nbytes, first_def, last_use, pinned, released_at)")
+        return frozen
 
     def end_step(self, wall_s: float, resident_peak_bytes: int = 0, **extra: Any) -> None:
         """Close the open step; `extra` (token=..., text=...) become columns of `steps()`."""
@@ -244,7 +326,7 @@ class Recording:
         if clash:
             raise TraceError(f"end_step(): extra column(s) {sorted(clash)} clash with the steps "
                              f"table's own columns {sorted(_STEP_RESERVED)}")
-        s = self._t["steps"]
+        s = self._steps
         i = self._step
         s["wall_s"][i] = float(wall_s)
         s["resident_peak_bytes"][i] = int(resident_peak_bytes)
@@ -263,21 +345,22 @@ class Recording:
         g = self._generic.get(table)
         if g is None:
             g = self._new_generic(table)
-        cols, n = g.cols, g.n
-        if "step" not in columns:
-            cols["step"].append(self._step)
-        for k, v in columns.items():
-            col = cols.get(k)
-            if col is None:
-                col = cols[k] = [None] * n
-            col.append(v)
-        n += 1
-        if len(columns) + ("step" not in columns) != len(cols):
-            for col in cols.values():
-                if len(col) < n:
-                    col.append(None)
-        g.n = n
+        g.pending.append((self._step, columns))
         self._order.append(g.code)
+
+    def add_rows(self, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+        """Append many rows to generic table `table`: the same as one `add_row(table,
+        **dict(zip(columns, row)))` per row (a `step` column is filled in likewise).
+        `rows` is kept as given: pass a list (or tuple) that is not changed afterwards."""
+        if not rows:
+            return
+        if "seq" in columns:
+            raise TraceError(f"add_rows({table!r}): column 'seq' is reserved (the frames' emission order)")
+        g = self._generic.get(table)
+        if g is None:
+            g = self._new_generic(table)
+        g.pending.append((self._step, tuple(columns), rows))
+        self._order.extend([g.code] * len(rows))
 
     def _new_generic(self, table: str) -> _Generic:
         if not isinstance(table, str) or not _TABLE_NAME.match(table):
@@ -305,7 +388,7 @@ class Recording:
         return list(self._generic)
 
     def __len__(self) -> int:
-        return len(self._t["steps"]["step"])
+        return len(self._steps["step"])
 
     @property
     def n_events(self) -> int:
@@ -314,7 +397,9 @@ class Recording:
 
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
-        for cols in self._t.values():
+        self._lv_pending.clear()
+        self._lv_last = None
+        for cols in self._tables.values():
             for col in cols.values():
                 col.clear()
         self._generic.clear()
