@@ -554,7 +554,7 @@ def test_workbench_refuses_a_session_that_records_nothing():
 def test_a_600_node_plan_stays_responsive():
     from workbench.widgets import DecodeWorkbench
 
-    session = workbench.InferenceSession(models.gpt2("tiny", num_layers=13))
+    session = workbench.InferenceSession(models.gpt2("tiny", num_layers=16))
     Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
     n = len(session.recording.nodes())
     assert n >= 600

@@ -297,7 +297,7 @@ class _Gen:
                   (self._op_transpose, 2), (self._op_slice, 2), (self._op_slice_runtime, 3),
                   (self._op_squeeze, 1), (self._op_unsqueeze, 1), (self._op_expand, 1), (self._op_concat, 2),
                   (self._op_split, 1), (self._op_gather, 2), (self._op_reduce, 2), (self._op_matmul, 2),
-                  (self._op_softmax, 1), (self._op_if, 2), (self._op_flatten, 1)]
+                  (self._op_softmax, 1), (self._op_if, 2), (self._op_flatten, 1), (self._op_pattern, 2)]
         flat = [m for m, w in makers for _ in range(w)]
         for _ in range(8):
             if self.d.choice(flat)() is not None:
@@ -663,6 +663,32 @@ class _Gen:
         axis = self.d.int(-len(v.dims), len(v.dims) - 1)
         return self.emit("softmax", [v.name], [self.out(v.dims, 1.0)], axis=axis)
 
+    # -- what the load-time fusion rules match (executor/fusion_patterns.py) -------------
+
+    def _op_pattern(self):
+        """An RMSNorm, LayerNorm, GELU (erf / tanh) or SiLU written out op by op, in one
+        of the forms exporters use; `leak` also reads one of its intermediates outside
+        the chain (which must block the fusion), `eps_outside` puts epsilon outside the
+        sqrt (not an RMSNorm: must not be fused)."""
+        pattern = self.d.choice(("rms_norm", "layer_norm", "gelu_erf", "gelu_tanh", "silu"))
+        norm = pattern in ("rms_norm", "layer_norm")
+        v = self.pick(lambda v: v.bound <= (1e4 if pattern != "gelu_tanh" else BIG)
+                      and (not norm or (len(v.dims) >= 1 and isinstance(v.dims[-1], int))))
+        if v is None:
+            return None
+        leak = self.d.int(0, 5) if self.d.bool(0.3) else None
+        attrs = {"pattern": pattern, "leak": leak, "form": self.d.int(0, 2), "eps_outside": False}
+        bound = v.bound * 1.2 + 1.0
+        if norm:
+            width = v.dims[-1]
+            attrs.update(weight=self.floats((width,), 0.5, 1.5), bias=self.floats((width,), -0.5, 0.5),
+                         eps=np.float32(self.d.choice((1e-5, 1e-6, 0.1))), axis=-1 if self.d.bool() else len(v.dims) - 1,
+                         with_bias=self.d.bool(), eps_outside=pattern == "rms_norm" and self.d.bool(0.15))
+            bound = 1.5 * math.sqrt(width) + 0.5  # |x_i| <= sqrt(width) * rms(x)
+        if leak is not None:
+            bound += 1.0  # the leaked intermediate enters the output through a Sigmoid
+        return self.emit("pattern", [v.name], [self.out(v.dims, bound)], **attrs)
+
     # -- control flow -------------------------------------------------------------------
 
     def _op_if(self):
@@ -882,8 +908,73 @@ def _build_op(op: Op, b: _Builder) -> None:
         b.node("Add", [scaled, b.node("Tanh", [mixed])[0]], out)
     elif kind == "if":
         _build_if(op, b)
+    elif kind == "pattern":
+        _build_pattern(op, b)
     else:
         raise ValueError(f"unknown op kind {kind!r}")
+
+
+def _build_pattern(op: Op, b: _Builder) -> None:
+    """The chain, its intermediates in order; a leaked one is added to the output
+    through a Sigmoid (so the output still depends on the whole chain)."""
+    a = op.attrs
+    x, form = op.ins[0], a["form"]
+    f = np.float32
+    made: list[str] = []
+
+    def node(op_type, ins, **attrs):
+        out = b.node(op_type, ins, **attrs)[0]
+        made.append(out)
+        return out
+
+    if a["pattern"] in ("rms_norm", "layer_norm"):
+        def mean(v):  # ReduceMean over the last axis (opset 17: axes is an attribute)
+            return node("ReduceMean", [v], axes=[a["axis"]], keepdims=1)
+
+        def square(v):
+            return node("Mul", [v, v]) if form == 1 else node("Pow", [v, b.const(f(2.0))])
+
+        src = x
+        if a["pattern"] == "layer_norm":
+            src = node("Sub", [x, mean(x)])
+        var = mean(square(src))
+        if a["eps_outside"]:
+            root = node("Add", [node("Sqrt", [var]), b.const(a["eps"])])
+        else:
+            root = node("Sqrt", [node("Add", [var, b.const(a["eps"])])])
+        if a["pattern"] == "layer_norm" or form == 2:
+            normed = node("Div", [src, root])
+        elif form == 1:
+            normed = node("Mul", [node("Reciprocal", [root]), src])
+        else:
+            normed = node("Mul", [src, node("Div", [b.const(f(1.0)), root])])
+        out = node("Mul", [b.const(a["weight"]), normed])
+        if a["pattern"] == "layer_norm" and a["with_bias"]:
+            out = node("Add", [out, b.const(a["bias"])])
+    elif a["pattern"] == "silu":
+        s = node("Sigmoid", [x])
+        out = node("Mul", [s, x] if form == 1 else [x, s])
+    else:
+        if a["pattern"] == "gelu_erf":
+            scaled = node("Div", [x, b.const(f(math.sqrt(2.0)))]) if form != 1 else \
+                node("Mul", [x, b.const(f(1 / math.sqrt(2.0)))])
+            e = node("Erf", [scaled])
+        else:
+            cube = node("Mul", [node("Pow", [x, b.const(f(3.0))]), b.const(f(0.044715))])
+            e = node("Tanh", [node("Mul", [node("Add", [x, cube]), b.const(f(math.sqrt(2 / math.pi)))])])
+        t = node("Add", [e, b.const(f(1.0))])
+        if form == 0:
+            out = node("Mul", [node("Mul", [x, t]), b.const(f(0.5))])
+        elif form == 1:
+            out = node("Mul", [node("Mul", [x, b.const(f(0.5))]), t])
+        else:
+            out = node("Mul", [node("Mul", [t, b.const(f(0.5))]), x])
+    name = op.outs[0].name
+    if a["leak"] is not None and len(made) > 1:
+        leaked = made[a["leak"] % (len(made) - 1)]
+        b.node("Add", [out, b.node("Sigmoid", [leaked])[0]], [name])
+    else:
+        b.node("Identity", [out], [name])
 
 
 def _build_if(op: Op, b: _Builder) -> None:
