@@ -297,7 +297,8 @@ class _Gen:
                   (self._op_transpose, 2), (self._op_slice, 2), (self._op_slice_runtime, 3),
                   (self._op_squeeze, 1), (self._op_unsqueeze, 1), (self._op_expand, 1), (self._op_concat, 2),
                   (self._op_split, 1), (self._op_gather, 2), (self._op_reduce, 2), (self._op_matmul, 2),
-                  (self._op_softmax, 1), (self._op_if, 2), (self._op_flatten, 1), (self._op_pattern, 2)]
+                  (self._op_softmax, 1), (self._op_if, 2), (self._op_flatten, 1), (self._op_pattern, 2),
+                  (self._op_sibling_matmuls, 1)]
         flat = [m for m, w in makers for _ in range(w)]
         for _ in range(8):
             if self.d.choice(flat)() is not None:
@@ -656,6 +657,19 @@ class _Gen:
         return self.emit("matmul", ins, [self.out(dims, a.bound * other * self.hi(k))], const=const,
                          fold=const is not None and self.d.bool(0.4))
 
+    def _op_sibling_matmuls(self):
+        """Two or three MatMuls of one value, each with its own constant weight (Q/K/V,
+        gate/up): the load-time optimizer fuses them into one MatMul and a Split."""
+        a = self.pick(lambda v: len(v.dims) >= 2 and v.bound <= BIG and isinstance(v.dims[-1], int))
+        if a is None:
+            return None
+        k = a.dims[-1]
+        weights = [self.floats((k, self.d.int(1, 4)), -1.0, 1.0) for _ in range(self.d.int(2, 3))]
+        outs = [self.out(a.dims[:-1] + (w.shape[1],), a.bound * self.hi(k)) for w in weights]
+        if any(numel_max(o.dims, self.sym_range) > 96 for o in outs):
+            return None
+        return self.emit("sibling_matmuls", [a.name], outs, weights=weights)
+
     def _op_softmax(self):
         v = self.pick(lambda v: len(v.dims) >= 1)
         if v is None:
@@ -898,6 +912,9 @@ def _build_op(op: Op, b: _Builder) -> None:
         else:
             weight = b.const(a["const"])
         b.node("MatMul", [ins[0], weight], out)
+    elif kind == "sibling_matmuls":
+        for weight, name in zip(a["weights"], out, strict=True):
+            b.node("MatMul", [ins[0], b.const(weight)], [name])
     elif kind == "softmax":
         b.node("Softmax", ins, out, axis=a["axis"])
     elif kind == "kv_concat":
