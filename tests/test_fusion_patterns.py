@@ -60,7 +60,7 @@ def _differential(model, shapes, *, rtol=1e-5, atol=1e-5, dtypes=None, scale=2.0
     names = [o.name for o in oracle.get_outputs()]
     for run in range(RUNS):
         for buf in buffers.values():
-            buf[...] = rng.standard_normal(buf.shape) * scale
+            buf[...] = (run % 3 == 1) if buf.dtype == np.bool_ else rng.standard_normal(buf.shape) * scale
         want = oracle.run(None, {k: v.copy() for k, v in buffers.items()})
         got = session.run(None, buffers)
         for g, w, name in zip(got, want, names, strict=True):
@@ -347,13 +347,77 @@ def test_layer_norm_not_fused_below_opset_17():
     assert _rules(session, "layer_norm").empty
 
 
+# --- inside If bodies ----------------------------------------------------------------
+
+
+def _if_model(*, leak=False):
+    """If(cond): the then-branch an RMSNorm of the outer x over outer constants, the
+    else-branch an erf GELU whose sqrt 2 is the body's own Constant node, then SiLU.
+    `leak`: each branch also outputs an intermediate (the Sqrt; the GELU's 1 + erf), so
+    those chains must stay; the SiLU still fuses."""
+    then_nodes = [helper.make_node("Pow", ["x", "two"], ["t_sq"]),
+                  helper.make_node("ReduceMean", ["t_sq", "axes"], ["t_var"], keepdims=1),
+                  helper.make_node("Add", ["t_var", "eps"], ["t_var_eps"]),
+                  helper.make_node("Sqrt", ["t_var_eps"], ["t_root"]),
+                  helper.make_node("Div", ["one", "t_root"], ["t_inv"]),
+                  helper.make_node("Mul", ["x", "t_inv"], ["t_normed"]),
+                  helper.make_node("Mul", ["w", "t_normed"], ["t_y"])]
+    then_out = [_tensor("t_y", [2, 3, 8])]
+    if leak:
+        then_nodes.append(helper.make_node("Neg", ["t_root"], ["t_leak"]))
+        then_out.append(_tensor("t_leak", [2, 3, 1]))
+    else_nodes = [helper.make_node("Constant", [], ["e_sqrt2"], value=_const("e_sqrt2", math.sqrt(2.0))),
+                  helper.make_node("Div", ["x", "e_sqrt2"], ["e_scaled"]),
+                  helper.make_node("Erf", ["e_scaled"], ["e_erf"]),
+                  helper.make_node("Add", ["e_erf", "one"], ["e_t"]),
+                  helper.make_node("Mul", ["x", "e_t"], ["e_xt"]),
+                  helper.make_node("Mul", ["e_xt", "half"], ["e_gelu"]),
+                  helper.make_node("Sigmoid", ["e_gelu"], ["e_sig"]),
+                  helper.make_node("Mul", ["e_gelu", "e_sig"], ["e_y"])]
+    else_out = [_tensor("e_y", [2, 3, 8])]
+    if leak:
+        else_nodes.append(helper.make_node("Identity", ["e_t"], ["e_leak"]))
+        else_out.append(_tensor("e_leak", [2, 3, 8]))
+    outs = ["y"] + (["leak"] if leak else [])
+    nodes = [helper.make_node("If", ["cond"], outs,
+                              then_branch=helper.make_graph(then_nodes, "then", [], then_out),
+                              else_branch=helper.make_graph(else_nodes, "else", [], else_out)),
+             helper.make_node("Neg", ["y"], ["out"])]
+    rng = np.random.default_rng(4)
+    inits = [_const("two", 2.0), _const("eps", 1e-6), _const("one", 1.0), _const("half", 0.5),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(8)).astype(np.float32), "w")]
+    outputs = [_tensor("out", [2, 3, 8])] + ([helper.make_empty_tensor_value_info("leak")] if leak else [])
+    return _model(nodes, [_tensor("x", [2, 3, 8]), _tensor("cond", [], TensorProto.BOOL)], outputs, inits, 18)
+
+
+def test_patterns_fused_inside_if_bodies_vs_onnxruntime():
+    model = _if_model()
+    session = _differential(model, {"x": (2, 3, 8), "cond": ()}, dtypes={"cond": np.bool_})
+    rules = session.recording.rewrites().rule.tolist()
+    assert sorted(rules) == ["dead_node", "gelu", "rms_norm", "silu"], rules  # dead_node: the body's Constant
+    bodies = session.graph.nodes[0].subgraphs
+    assert [n.op_type for n in bodies["then_branch"].nodes] == ["SimplifiedLayerNormalization"]
+    assert [n.op_type for n in bodies["else_branch"].nodes] == ["Gelu", "QuickGelu"]
+    loaded = session.loaded_graph.nodes[0].subgraphs
+    assert len(loaded["then_branch"].nodes) == 7, "the loaded graph stays as it was"
+
+
+def test_a_body_output_blocks_the_fusion_inside_the_body():
+    model = _if_model(leak=True)
+    session = _differential(model, {"x": (2, 3, 8), "cond": ()}, dtypes={"cond": np.bool_})
+    assert session.recording.rewrites().rule.tolist() == ["silu"]
+
+
 # --- the builders' models ----------------------------------------------------------
 
 BUILDERS = {
     "llama-onnx": (lambda: models.llama("small", flavor="onnx"), {"rms_norm": 13, "silu": 6}),
     "llama-dynamo-attention": (lambda: models.llama("small", flavor="onnx", export="torch-dynamo-attention"),
                                {"rms_norm": 13, "silu": 6}),
-    "llama-optimum-merged": (lambda: models.llama("small", flavor="onnx", export="optimum-merged"), {}),
+    # both If branches (with and without the cache) hold the whole model
+    "llama-optimum-merged": (lambda: models.llama("small", flavor="onnx", export="optimum-merged"),
+                             {"rms_norm": 26, "silu": 12}),
     "llama-genai": (lambda: models.llama("small", flavor="genai"), {"silu": 6}),
     "gpt2": (lambda: models.gpt2("small"), {"gelu": 8}),
 }

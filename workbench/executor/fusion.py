@@ -22,6 +22,7 @@ dropped as it goes, so load never holds the model twice) and the level.
   (opset >= 20), else com.microsoft Gelu / FastGelu.
 - ``silu`` (`fusion_patterns`): Mul(x, Sigmoid(x)) as com.microsoft QuickGelu(alpha=1).
   One-token decode pays per node dispatched: each rule saves 1 to 8 nodes a pattern.
+  These four also run inside If / Loop bodies (on copies; optimum's merged decoder).
 """
 
 from __future__ import annotations

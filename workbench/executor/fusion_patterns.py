@@ -5,8 +5,9 @@ same constants, the normalised axis, the same precision), and replaces the chain
 one node. The chain's last node keeps its output value (its id, dtype and shape), so
 nothing downstream changes. A chain is matched only when every value it makes
 before the last one is read by the chain alone: a value also read elsewhere (or a
-graph output, or a subgraph's capture) blocks the fusion. Subgraphs (If / Loop
-bodies) are not searched. The invariant: the fused node's output equals the chain's
+graph output, or a subgraph's capture) blocks the fusion. If / Loop / Scan bodies
+are searched too, on copies (`fuse_in_subgraphs`: optimum's merged decoder holds the
+whole model in an If). The invariant: the fused node's output equals the chain's
 last output to float rounding (the fused kernel may order the arithmetic differently,
 as onnxruntime's fusions do); every rule has a differential test against
 onnxruntime running the unfused graph (tests/test_fusion_patterns.py).
@@ -28,8 +29,10 @@ onnxruntime running the unfused graph (tests/test_fusion_patterns.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,8 +54,15 @@ class _Ctx:
     read_by: dict
     made_by: dict
     outputs: set
+    #: constants that are not this graph's initializers: in a subgraph, the enclosing
+    #: scopes' initializers it reads and its own Constant nodes' values
+    consts: dict = field(default_factory=dict)
     #: ids of the nodes fused away in this pass
     gone: set = field(default_factory=set)
+
+    def const(self, vid: int) -> np.ndarray | None:
+        array = self.graph.initializers.get(vid)
+        return self.consts.get(vid) if array is None else array
 
     def dtype(self, vid: int) -> np.dtype | None:
         return self.graph.values[vid].dtype
@@ -84,8 +94,8 @@ class _Ctx:
 
     def scalar(self, vid: int) -> float | None:
         """The value of a one-element initializer of rank <= 1 (no broadcast growth)."""
-        array = self.graph.initializers.get(vid)
-        if array is None or array.size != 1 or array.ndim > 1 or array.dtype.kind != "f":
+        array = self.const(vid)
+        if not isinstance(array, np.ndarray) or array.size != 1 or array.ndim > 1 or array.dtype.kind != "f":
             return None
         return float(array.reshape(-1)[0])
 
@@ -119,7 +129,7 @@ def _last_axis_mean(ctx: _Ctx, node: Node, rank: int) -> bool:
         return False
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] >= 0:
-        array = ctx.graph.initializers.get(node.inputs[1])
+        array = ctx.const(node.inputs[1])
         axes = None if array is None else [int(a) for a in np.asarray(array).reshape(-1)]
     return axes is not None and len(axes) == 1 and int(axes[0]) in (-1, rank - 1)
 
@@ -194,13 +204,9 @@ def _drop_orphans(graph: Graph, rewrites: list[Rewrite], release: dict | None) -
     return rewrites
 
 
-def _context(graph: Graph) -> _Ctx:
-    return _Ctx(graph, readers(graph), producers(graph), set(graph.outputs))
-
-
-def _run(graph: Graph, release: dict | None, match) -> list[Rewrite]:
+def _run(graph: Graph, release: dict | None, match, consts: dict | None) -> list[Rewrite]:
     """Apply `match(ctx, node) -> Rewrite | None` at every node still in the graph."""
-    ctx = _context(graph)
+    ctx = _Ctx(graph, readers(graph), producers(graph), set(graph.outputs), consts or {})
     rewrites = []
     for node in list(graph.nodes):
         if id(node) not in ctx.gone:
@@ -213,8 +219,9 @@ def _run(graph: Graph, release: dict | None, match) -> list[Rewrite]:
 # --- RMSNorm -------------------------------------------------------------------------
 
 
-def fuse_rms_norm(graph: Graph, release: dict | None, level: str = "extended") -> list[Rewrite]:
-    return _run(graph, release, _match_rms_norm)
+def fuse_rms_norm(graph: Graph, release: dict | None, level: str = "extended",
+                  consts: dict | None = None) -> list[Rewrite]:
+    return _run(graph, release, _match_rms_norm, consts)
 
 
 def _match_rms_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
@@ -283,8 +290,9 @@ def _match_rms_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
 # --- SiLU ----------------------------------------------------------------------------
 
 
-def fuse_silu(graph: Graph, release: dict | None, level: str = "extended") -> list[Rewrite]:
-    return _run(graph, release, _match_silu)
+def fuse_silu(graph: Graph, release: dict | None, level: str = "extended",
+              consts: dict | None = None) -> list[Rewrite]:
+    return _run(graph, release, _match_silu, consts)
 
 
 def _match_silu(ctx: _Ctx, sigmoid: Node) -> Rewrite | None:
@@ -304,8 +312,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _CUBIC = 0.044715
 
 
-def fuse_gelu(graph: Graph, release: dict | None, level: str = "extended") -> list[Rewrite]:
-    return _run(graph, release, _match_gelu)
+def fuse_gelu(graph: Graph, release: dict | None, level: str = "extended",
+              consts: dict | None = None) -> list[Rewrite]:
+    return _run(graph, release, _match_gelu, consts)
 
 
 def _match_gelu(ctx: _Ctx, node: Node) -> Rewrite | None:
@@ -402,10 +411,11 @@ def _gelu_tail(ctx: _Ctx, one: Node, x: int) -> list[Node] | None:
 # --- LayerNormalization --------------------------------------------------------------
 
 
-def fuse_layer_norm(graph: Graph, release: dict | None, level: str = "extended") -> list[Rewrite]:
+def fuse_layer_norm(graph: Graph, release: dict | None, level: str = "extended",
+                    consts: dict | None = None) -> list[Rewrite]:
     if graph.opsets.get("", 1) < 17:
         return []
-    return _run(graph, release, _match_layer_norm)
+    return _run(graph, release, _match_layer_norm, consts)
 
 
 def _match_layer_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
@@ -450,4 +460,71 @@ def _match_layer_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
 
 
 #: LayerNorm before RMSNorm: a LayerNorm's tail (x - mean normalised by its RMS) is an RMSNorm of x - mean
-RULES = [fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_silu]
+PATTERN_RULES = [fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_silu]
+
+
+# --- inside subgraphs ----------------------------------------------------------------
+
+
+def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended",
+                      outer: Callable[[str], np.ndarray | None] | None = None) -> list[Rewrite]:
+    """The pattern rules inside If / Loop / Scan bodies (optimum's merged decoder holds
+    the whole model in an If). A body is copied before it is edited (the loaded graph
+    stays as it was) and the node given the copy. Its constants are mostly the
+    enclosing graph's initializers, read by name: a name resolves in the nearest scope
+    that defines it, and only an initializer there counts as a constant. A Constant
+    node a fusion leaves unread is dropped with it."""
+
+    def here(name: str) -> np.ndarray | None:
+        vid = graph.by_name.get(name)
+        if vid is None:
+            return None if outer is None else outer(name)
+        if vid in graph.initializers:
+            return graph.initializers[vid]
+        return outer(name) if outer is not None and vid in graph.outer_inputs else None
+
+    rewrites: list[Rewrite] = []
+    for i, node in enumerate(graph.nodes):
+        if not node.subgraphs:
+            continue
+        changed = {}
+        for attr, body in node.subgraphs.items():
+            copy = dataclasses.replace(body, values=list(body.values), nodes=list(body.nodes),
+                                       initializers=dict(body.initializers), by_name=dict(body.by_name),
+                                       opsets=dict(body.opsets))
+            consts = {vid: a for vid in body.outer_inputs if (a := here(body.values[vid].name)) is not None}
+            consts.update({n.outputs[0]: n.attrs["value"] for n in body.nodes
+                           if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1
+                           and isinstance(n.attrs.get("value"), np.ndarray)})
+            read_before = _read_values(copy)
+            found: list[Rewrite] = []
+            for rule in PATTERN_RULES:
+                found += rule(copy, None, level, consts)
+            found += fuse_in_subgraphs(copy, None, level, here)
+            if found:
+                found += _drop_unread_constants(copy, read_before)
+                copy.nodes = [dataclasses.replace(n, index=k) for k, n in enumerate(copy.nodes)]
+                changed[attr] = copy
+                rewrites += found
+        if changed:
+            graph.nodes[i] = dataclasses.replace(node, subgraphs={**node.subgraphs, **changed})
+    return rewrites
+
+
+def _read_values(graph: Graph) -> set[int]:
+    read = set(graph.outputs)
+    for node in graph.nodes:
+        read.update(v for v in (*node.inputs, *node.captures) if v >= 0)
+    return read
+
+
+def _drop_unread_constants(graph: Graph, read_before: set[int]) -> list[Rewrite]:
+    read = _read_values(graph)
+    dead = [n for n in graph.nodes if n.op_type == "Constant" and not n.domain
+            and all(o in read_before and o not in read for o in n.outputs)]
+    gone = {id(n) for n in dead}
+    graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+    return [Rewrite("dead_node", (n.name,), (n.op_type,), "", 1, 0) for n in dead]
+
+
+RULES = [*PATTERN_RULES, fuse_in_subgraphs]
