@@ -1,4 +1,11 @@
-"""Cost of tracing: per-token decode latency with the Recording on vs off (small llama).
+"""Cost of tracing: per-token decode latency with the Recording on vs off, small exports.
+
+For each small export (workbench's llama in both op flavours, onnxruntime-genai's
+builder layout, optimum's merged decoder) prints the trace-off and trace-on decode
+latency (best of the interleaved rounds), the overhead, and "outside kernels": the
+share of a traced decode step's wall time not spent inside a node's kernel (eager
+node or replayed segment), i.e. the executor's own per-step work: preparing the
+step, memo and capture bookkeeping, dispatch, and recording.
 
 Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 """
@@ -6,6 +13,7 @@ Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import workbench
 from workbench import Generator, SessionOptions, models
@@ -13,9 +21,30 @@ from workbench import Generator, SessionOptions, models
 PROMPT = list(range(3, 19))
 
 
-def latency(data: bytes, trace: bool, tokens: int) -> float:
+def exports(size: str = "small"):
+    """(label, model bytes) of each small export; see benchmarks/decode.py `_models`."""
+    yield "llama small (onnx)", models.llama(size, flavor="onnx").SerializeToString()
+    yield "llama small (genai)", models.llama(size, flavor="genai").SerializeToString()
+    yield "genai builder", models.llama(size, flavor="genai", export="genai-builder").SerializeToString()
+    yield "optimum merged", models.llama(size, flavor="onnx", export="optimum-merged").SerializeToString()
+
+
+def decode(data: bytes, trace: bool, tokens: int) -> tuple[float, float]:
+    """(median decode latency s, median share of a decode step outside kernels; nan untraced)."""
     session = workbench.InferenceSession(data, options=SessionOptions(trace=trace))
-    return Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1).decode_latency
+    latency = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1).decode_latency
+    return latency, outside_kernels(session.recording) if trace else float("nan")
+
+
+def outside_kernels(rec: workbench.Recording) -> float:
+    """Median over decode steps of 1 - (sum of the step's node durations) / step wall time."""
+    steps = rec.steps()
+    wall = dict(zip(steps["step"], steps["wall_ms"] / 1e3))
+    decoding = set(steps["step"][steps["phase"] == "decode"])
+    nodes = rec.node_timings()
+    kernels = (nodes["duration_us"] / 1e6).groupby(nodes["step"]).sum()
+    shares = [1 - kernels.get(s, 0.0) / wall[s] for s in decoding if wall[s] > 0]
+    return statistics.median(shares) if shares else float("nan")
 
 
 def main() -> None:
@@ -23,13 +52,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(f"per-token decode latency, {args.tokens} tokens, best of {args.rounds} interleaved rounds")
-    print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'overhead':>10}")
-    for label, flavor in (("llama small (onnx)", "onnx"), ("llama small (genai)", "genai")):
-        data = models.llama("small", flavor=flavor).SerializeToString()
-        off = min(latency(data, False, args.tokens) for _ in range(args.rounds))
-        on = min(latency(data, True, args.tokens) for _ in range(args.rounds))
-        print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>10.1%}")
+    print(f"per-token decode latency, {args.tokens} tokens, best of {args.rounds} interleaved rounds; "
+          "outside kernels: share of a traced decode step (median) not inside a node's kernel")
+    print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'overhead':>10}{'outside kernels':>17}")
+    for label, data in exports():
+        off, on = [], []
+        for _ in range(args.rounds):
+            off.append(decode(data, False, args.tokens))
+            on.append(decode(data, True, args.tokens))
+        best_off = min(r[0] for r in off)
+        best_on, share = min(on)
+        print(f"{label:<20}{best_off * 1e3:>14.2f}{best_on * 1e3:>13.2f}{best_on / best_off - 1:>10.1%}"
+              f"{share:>17.1%}")
 
 
 if __name__ == "__main__":

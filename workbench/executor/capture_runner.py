@@ -16,6 +16,7 @@ re-segments with that op as a seam.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from ..errors import KernelError
@@ -31,6 +32,48 @@ from .capture import (
     node_decline,
     segment_plan,
 )
+from .views import address
+
+#: columns of a capture_segments row (after step)
+SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
+
+
+class KnownAddresses:
+    """Data addresses of the arrays seen this step and the last, by object.
+
+    Reading an array's address goes through `__array_interface__` (a dict built per
+    call); a decode step asks again for the same buffers every step. The very same
+    array object with the same nbytes is where it was: its data pointer only moves
+    when it is resized in place (numpy `ndarray.resize`, which changes its size; a
+    CuPy array never moves). Entries hold weak references, so nothing is kept alive,
+    and an id reused by a new object never matches; only two steps are kept.
+    """
+
+    __slots__ = ("_last", "_now")
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple] = {}
+        self._now: dict[int, tuple] = {}
+
+    def address(self, arr: Any) -> int:
+        key = id(arr)
+        entry = self._now.get(key) or self._last.get(key)
+        nbytes = arr.nbytes
+        if entry is None or entry[0]() is not arr or entry[1] != nbytes:
+            try:
+                entry = (weakref.ref(arr), nbytes, address(arr))
+            except TypeError:  # no weak references to it: read its address every time
+                return address(arr)
+        self._now[key] = entry
+        return entry[2]
+
+    def next_step(self) -> None:
+        """Forget what was seen before the last step."""
+        self._last, self._now = self._now, {}
+
+    def clear(self) -> None:
+        self._last.clear()
+        self._now.clear()
 
 
 class CaptureRunner:
@@ -43,6 +86,10 @@ class CaptureRunner:
         self.replayed_nodes: list[int] = []
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
+        #: addresses of arrays read this step and the last (the executor moves it on per run)
+        self.addresses = KnownAddresses()
+        #: (slot, state, whole plan) -> (the segments list they describe, the rows)
+        self._segment_rows: dict[tuple, tuple[Any, tuple]] = {}
 
     # -- deciding ------------------------------------------------------------------
 
@@ -209,18 +256,33 @@ class CaptureRunner:
 
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex
-        inputs = [entry[0] for entry in captured.signature]
-        now = binding_signature(ex.env, inputs)
+        now = self._signature_now(captured.signature)
         if now != captured.signature:
             return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
+        dispatch = ex.state.dispatch
         for k, j, arr in captured.buffers:
-            if ex.state.dispatch[k].outs[j] is not arr:
+            if dispatch[k].outs[j] is not arr:
                 vid = ex.plan.nodes[k].outputs[j]
                 name = ex.graph.values[vid].name
                 if vid in ex.state.bound_slots:
                     return "binding_changed", f"{name} address (caller-bound output)"
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
+
+    def _signature_now(self, captured: tuple) -> tuple:
+        """`binding_signature` of the captured graph's inputs as they are now, with the
+        addresses of arrays already seen read from `addresses`."""
+        env = self.ex.env
+        known = self.addresses.address
+        now = []
+        for entry in captured:
+            vid = entry[0]
+            a = env[vid]
+            if a is None or not hasattr(a, "shape") or not hasattr(a, "nbytes"):
+                now.append(binding_signature(env, [vid])[0])
+            else:
+                now.append((vid, a.dtype.str, tuple(a.shape), tuple(a.strides), known(a)))
+        return tuple(now)
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
         cap.retire()
@@ -263,16 +325,23 @@ class CaptureRunner:
     # -- recording ---------------------------------------------------------------------
 
     def _emit_segments(self, rec: Any, slot: str, cap: SlotCapture, state: str, whole_plan: bool = False) -> None:
+        """The step's segment rows; the same every step the segments and state are."""
         plan = self.ex.plan
-        if whole_plan or not cap.segments:
-            n = len(plan.nodes)
-            rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=n - 1,
-                        node_count=n, kind="eager", state="eager")
+        whole_plan = whole_plan or not cap.segments
+        key = (slot, state, whole_plan)
+        cached = self._segment_rows.get(key)
+        if cached is not None and cached[0] is cap.segments and (not whole_plan or cached[2] == len(plan.nodes)):
+            rec.add_rows("capture_segments", SEGMENT_COLUMNS, cached[1])
             return
-        for seg in cap.segments:
-            rec.add_row("capture_segments", slot=slot, segment=seg.index, first_node=seg.first,
-                        last_node=seg.last, node_count=len(seg.nodes), kind=seg.kind,
-                        state=state if seg.kind == "captured" else "eager")
+        if whole_plan:
+            n = len(plan.nodes)
+            rows = ((slot, 0, 0, n - 1, n, "eager", "eager"),)
+        else:
+            rows = tuple((slot, seg.index, seg.first, seg.last, len(seg.nodes), seg.kind,
+                          state if seg.kind == "captured" else "eager") for seg in cap.segments)
+        # segments are made whole by `segment_plan` and replaced, never edited, afterwards
+        self._segment_rows[key] = (cap.segments, rows, len(plan.nodes))
+        rec.add_rows("capture_segments", SEGMENT_COLUMNS, rows)
 
     def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
         plan = self.ex.plan

@@ -8,6 +8,7 @@ signature skip straight to dispatch.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -81,14 +82,16 @@ class Executor(DecodeMemoSteps):
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
         self.capture_runner = CaptureRunner(self)
+        #: addresses of the arrays this step and the last read (staleness checks, views, io rows)
+        self.addresses = self.capture_runner.addresses
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
         # per-run scratch (reset at the start of every run)
         self._view_plan_stale = False
         self._owners: dict[int, int] = {}
         self._observed: dict[int, tuple] = {}
-        self._liveness_for: StoragePlan | None = None
-        self._liveness_static: list = []
+        #: slot name -> the last liveness rows emitted for it and what they were made from
+        self._liveness: dict[str, _LivenessRows] = {}
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -198,6 +201,7 @@ class Executor(DecodeMemoSteps):
         for vid, arr in feeds.items():
             env[vid] = arr
         bound = bound_outputs or {}
+        self.addresses.next_step()
         rec = self.recording
         t_start = time.perf_counter()
         action = reason = ""
@@ -441,7 +445,7 @@ class Executor(DecodeMemoSteps):
                     rec.buffer("pin", owner, 0, p.index)
             base = self._owner_address.get(owner)
             if base is None:
-                base = self._owner_address[owner] = address(self.env[owner])
+                base = self._owner_address[owner] = self.addresses.address(self.env[owner])
             itemsize = r.itemsize or 1
             geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
             self._observed[vid] = (r, owner, *geometry)
@@ -455,17 +459,45 @@ class Executor(DecodeMemoSteps):
         return r
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
+        """One row per value of the storage plan. A row is a function of the storage plan,
+        the value's owner, the pinned and released sets and, for values holding bytes,
+        their `nbytes`: when the plan, owners, pinned and released are those of the slot's
+        last emitted step, only the rows whose nbytes moved are rebuilt (reading nbytes
+        of every holding value, which is the one per-value input left), and an unchanged
+        step hands the Recording the same tuple again."""
         sp = self.state.storage
-        if self._liveness_for is not sp:  # the static part of every row, once per storage plan
-            self._liveness_for = sp
-            self._liveness_static = [
-                (vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1),
-                 kind is OWNER or kind is INPUT or kind is INITIALIZER)
-                for vid, kind in sp.storage.items()]
+        last = self._liveness.get(self.state.name)
+        if last is None or last.storage is not sp:
+            last = self._liveness[self.state.name] = _LivenessRows(sp)
+        owners = self._owners
+        rows = None
+        if last.rows is not None and last.nbytes is not None and not released and not last.released \
+                and owners == last.owners and pinned == last.pinned:
+            nbytes = last.nbytes_now(env)
+            if nbytes is not None:
+                if nbytes == last.nbytes:
+                    rows = last.rows
+                else:
+                    fresh = list(last.rows)
+                    for i, a, b in zip(last.holding, nbytes, last.nbytes):
+                        if a != b:
+                            vid, kind, owner, _, first, lu, pin, rel = fresh[i]
+                            fresh[i] = (vid, kind, owner, a, first, lu, pin, rel)
+                    rows = tuple(fresh)
+                    last.nbytes = nbytes
+        if rows is None:
+            rows = self._liveness_rows(last, env, released, pinned)
+            last.owners, last.pinned, last.released = dict(owners), set(pinned), dict(released)
+            last.set_holding([i for i, r in enumerate(rows) if _holds_bytes(r)], env)
+        last.rows = rows
+        rec.liveness(rows)
+
+    def _liveness_rows(self, last: _LivenessRows, env: list, released: dict[int, int],
+                       pinned: set[int]) -> tuple:
         owners, buffers = self._owners, self.state.buffers
         rows = []
         append = rows.append
-        for vid, kind, first, last, owns in self._liveness_static:
+        for vid, kind, first, lu, owns in last.static:
             owner = owners.get(vid, vid)
             if kind is VIEW and owner == vid:
                 kind, owns = OWNER, True  # the layout op had to copy
@@ -475,9 +507,9 @@ class Executor(DecodeMemoSteps):
                 if value is None:
                     value = buffers.get(vid)
                 nbytes = getattr(value, "nbytes", 0)
-            append((vid, kind, owner, nbytes, first, last, owner in pinned,
+            append((vid, kind, owner, nbytes, first, lu, owner in pinned,
                     released.get(owner, -1) if released else -1))
-        rec.liveness(rows)
+        return tuple(rows)
 
     def _emit_io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
         """Where this step's caller-facing arrays live: every feed, bound output and graph
@@ -486,12 +518,15 @@ class Executor(DecodeMemoSteps):
         rows = [(vid, "feed", feeds[vid]) for vid in feeds]
         rows += [(vid, "bound_output", arr) for vid, arr in bound.items()]
         rows += [(vid, "output", env[vid]) for vid in self.graph.outputs if vid not in bound]
+        known = self.addresses.address
+        out = []
         for vid, role, arr in rows:
             if not hasattr(arr, "nbytes"):
                 continue
             base = storage_root(arr)
-            rec.add_row("io_buffers", value_id=vid, role=role, address=address(arr), nbytes=int(arr.nbytes),
-                        base_address=address(base), base_nbytes=int(getattr(base, "nbytes", arr.nbytes)))
+            out.append((vid, role, known(arr), int(arr.nbytes), known(base) if hasattr(base, "nbytes")
+                        else address(base), int(getattr(base, "nbytes", arr.nbytes))))
+        rec.add_rows("io_buffers", _IO_COLUMNS, out)
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
         for vid, arr in bound.items():
@@ -559,6 +594,52 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+
+_IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
+_OWNS = frozenset({OWNER, INPUT, INITIALIZER})
+
+
+def _holds_bytes(row: tuple) -> bool:
+    """A liveness row whose nbytes is read from the value (owners, inputs, initializers)."""
+    return row[1] in _OWNS
+
+
+class _LivenessRows:
+    """A slot's last liveness rows and what they were made from (see `_emit_liveness`)."""
+
+    __slots__ = ("storage", "static", "rows", "owners", "pinned", "released", "holding", "nbytes", "_get")
+
+    def __init__(self, sp: StoragePlan):
+        self.storage = sp
+        #: (vid, kind, first_def, last_use, owns) of every value: the same for every step
+        self.static = [(vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1), kind in _OWNS)
+                       for vid, kind in sp.storage.items()]
+        self.rows: tuple | None = None
+        self.owners: dict = {}
+        self.pinned: set = set()
+        self.released: dict = {}
+        self.holding: list[int] = []  # row positions whose nbytes is read from the value
+        self.nbytes: list | None = None
+        self._get: Any = None
+
+    def set_holding(self, positions: list[int], env: list) -> None:
+        self.holding = positions
+        vids = [self.static[i][0] for i in positions]
+        self._get = (operator.itemgetter(*vids) if len(vids) > 1 else
+                     (lambda e, v=vids[0]: (e[v],)) if vids else (lambda e: ()))
+        self.nbytes = self.nbytes_now(env)
+
+    def nbytes_now(self, env: list) -> list | None:
+        """nbytes of every holding value now; None when one has none (an absent value,
+        whose row falls back to its buffer, or a sequence): then rows are rebuilt."""
+        try:
+            return list(map(_NBYTES, self._get(env)))
+        except AttributeError:
+            return None
+
+
+_NBYTES = operator.attrgetter("nbytes")
 
 
 def copy_launch(ins: list, outs: list) -> tuple:
