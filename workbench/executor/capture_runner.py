@@ -256,9 +256,10 @@ class CaptureRunner:
 
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex
-        now = self._signature_now(captured.signature)
-        if now != captured.signature:
-            return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
+        if not self._same_binding(captured.signature):
+            now = binding_signature(ex.env, [entry[0] for entry in captured.signature])
+            if now != captured.signature:
+                return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
         dispatch = ex.state.dispatch
         for k, j, arr in captured.buffers:
             if dispatch[k].outs[j] is not arr:
@@ -269,20 +270,18 @@ class CaptureRunner:
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
-    def _signature_now(self, captured: tuple) -> tuple:
-        """`binding_signature` of the captured graph's inputs as they are now, with the
-        addresses of arrays already seen read from `addresses`."""
+    def _same_binding(self, captured: tuple) -> bool:
+        """True when every input is as `binding_signature` recorded it at capture time
+        (dtype, shape, strides, address; addresses of arrays already seen read from
+        `addresses`); False sends the step to the full comparison."""
         env = self.ex.env
         known = self.addresses.address
-        now = []
-        for entry in captured:
-            vid = entry[0]
+        for vid, dtype, shape, strides, addr in captured:
             a = env[vid]
-            if a is None or not hasattr(a, "shape") or not hasattr(a, "nbytes"):
-                now.append(binding_signature(env, [vid])[0])
-            else:
-                now.append((vid, a.dtype.str, tuple(a.shape), tuple(a.strides), known(a)))
-        return tuple(now)
+            if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
+                    or a.strides != strides or a.dtype.str != dtype or known(a) != addr:
+                return False
+        return True
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
         cap.retire()

@@ -29,9 +29,9 @@ from .shapes import resolve
 from .views import address, is_view_of
 
 
-def bound_signature(bound: dict[int, Any]) -> tuple:
+def bound_signature(bound: dict[int, Any], address_of: Any = address) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
-    return tuple((vid, address(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
+    return tuple((vid, address_of(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
 
 
 class DecodeMemoSteps:
@@ -80,7 +80,7 @@ class DecodeMemoSteps:
     def _plan_step(self, feeds: dict[int, Any], bindings: dict[str, int],
                    bound: dict[int, Any]) -> tuple[str, str]:
         """Prepare this step; returns the memo action and its reason."""
-        exact = (tuple(bindings.items()), bound_signature(bound))
+        exact = (tuple(bindings.items()), bound_signature(bound, self.addresses.address))
         replan, self.state.replan = self.state.replan, None
         if replan is not None:
             # the last run found the prepared plan wrong (a kernel needed just-in-time
@@ -152,7 +152,7 @@ class DecodeMemoSteps:
             return None
         for owner, (addr, cap) in plan.sources.items():
             buf = self.state.buffers.get(owner, self.env[owner] if owner in self.graph.initializers else None)
-            if buf is None or address(buf) != addr or buf.nbytes != cap:
+            if buf is None or self.addresses.address(buf) != addr or buf.nbytes != cap:
                 self.state.stage2_streak += 1
                 self.memo_stats.stage2_mismatches += 1
                 if self.state.stage2_streak >= STAGE2_MISMATCH_LIMIT:
@@ -237,7 +237,7 @@ class DecodeMemoSteps:
                     views[v] = observed[v]
                     owner = observed[v][1]
                     buf = buffers.get(owner, self.env[owner])
-                    sources[owner] = (address(buf), buf.nbytes)
+                    sources[owner] = (self.addresses.address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
     def _param_keys(self, k: int) -> tuple:
@@ -248,7 +248,7 @@ class DecodeMemoSteps:
         inputs = self.plan.nodes[k].inputs
         source = self.env[inputs[0]]
         keys = [(inputs[0], None) if source is None else
-                (inputs[0], address(source), source.shape, source.strides)]
+                (inputs[0], self.addresses.address(source), source.shape, source.strides)]
         for vid in inputs[1:]:
             if vid < 0 or vid in self.graph.initializers:
                 continue
