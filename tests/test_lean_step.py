@@ -8,7 +8,8 @@ array object of the same size, and emits capture segment rows from a per-slot ca
 Each test runs at least six times with inputs at stable addresses and new contents
 (the decode-loop pattern), compares every output with onnxruntime, and compares the
 recording with a twin session whose per-step caches are dropped before every run (so
-it recomputes everything from scratch, the way the executor did before).
+it recomputes everything from scratch, the way the executor did before). The last
+test drives `KnownAddresses` alone through the id reuse a decode loop meets by chance.
 """
 
 from __future__ import annotations
@@ -232,3 +233,25 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     lv = lean.recording.liveness()
     per_step = lv.groupby("step").bytes.sum()
     assert per_step.nunique() > 1, "a growing cache must show in the liveness bytes"
+
+
+def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
+    """CPython hands a freed object's id to the next one of its size: a view of another
+    buffer created right after must get its own address and root, not the dead one's."""
+    from workbench.executor.capture_runner import KnownAddresses
+
+    known = KnownAddresses()
+    first, second = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    reused = 0
+    for step in range(RUNS):
+        known.next_step()
+        a = first[step % 2:step % 2 + 2]
+        assert known.where(a) == (address(a), address(first), first.nbytes)
+        old = id(a)
+        del a
+        b = second[1:3]
+        reused += id(b) == old
+        assert known.address(b) == address(b)
+        assert known.where(b) == (address(b), address(second), second.nbytes)
+        del b
+    assert reused, "the id must come back at least once for this test to bite"

@@ -32,7 +32,7 @@ from .capture import (
     node_decline,
     segment_plan,
 )
-from .views import address
+from .views import address, storage_root
 
 #: columns of a capture_segments row (after step)
 SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
@@ -49,11 +49,13 @@ class KnownAddresses:
     and an id reused by a new object never matches; only two steps are kept.
     """
 
-    __slots__ = ("_last", "_now")
+    __slots__ = ("_last", "_now", "_roots_last", "_roots_now")
 
     def __init__(self) -> None:
         self._last: dict[int, tuple] = {}
         self._now: dict[int, tuple] = {}
+        self._roots_last: dict[int, tuple] = {}
+        self._roots_now: dict[int, tuple] = {}
 
     def address(self, arr: Any) -> int:
         key = id(arr)
@@ -67,13 +69,34 @@ class KnownAddresses:
         self._now[key] = entry
         return entry[2]
 
+    def where(self, arr: Any) -> tuple[int, int, int]:
+        """(address, root address, root nbytes) of `arr` and of the array at the bottom
+        of its view chain (`storage_root`). An object's `.base` chain is fixed, so the
+        same object has the same root; the root is checked like `arr` itself."""
+        key = id(arr)
+        entry = self._roots_now.get(key) or self._roots_last.get(key)
+        if entry is not None and entry[0]() is arr and entry[1] == arr.nbytes:
+            root = entry[2]()
+            if root is not None and root.nbytes == entry[3]:
+                self._roots_now[key] = entry
+                return self.address(arr), self.address(root), entry[3]
+        root = storage_root(arr)
+        root_nbytes = int(getattr(root, "nbytes", arr.nbytes))
+        root_address = self.address(root) if hasattr(root, "nbytes") else address(root)
+        try:
+            self._roots_now[key] = (weakref.ref(arr), arr.nbytes, weakref.ref(root), root_nbytes)
+        except TypeError:
+            pass
+        return self.address(arr), root_address, root_nbytes
+
     def next_step(self) -> None:
         """Forget what was seen before the last step."""
+        self._roots_last, self._roots_now = self._roots_now, {}
         self._last, self._now = self._now, {}
 
     def clear(self) -> None:
-        self._last.clear()
-        self._now.clear()
+        for d in (self._last, self._now, self._roots_last, self._roots_now):
+            d.clear()
 
 
 class CaptureRunner:

@@ -28,7 +28,7 @@ from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
-from .views import address, is_view_of, storage_root
+from .views import address, is_view_of
 
 
 @dataclass
@@ -518,14 +518,13 @@ class Executor(DecodeMemoSteps):
         rows = [(vid, "feed", feeds[vid]) for vid in feeds]
         rows += [(vid, "bound_output", arr) for vid, arr in bound.items()]
         rows += [(vid, "output", env[vid]) for vid in self.graph.outputs if vid not in bound]
-        known = self.addresses.address
+        where = self.addresses.where
         out = []
         for vid, role, arr in rows:
             if not hasattr(arr, "nbytes"):
                 continue
-            base = storage_root(arr)
-            out.append((vid, role, known(arr), int(arr.nbytes), known(base) if hasattr(base, "nbytes")
-                        else address(base), int(getattr(base, "nbytes", arr.nbytes))))
+            addr, base_addr, base_nbytes = where(arr)
+            out.append((vid, role, addr, int(arr.nbytes), base_addr, base_nbytes))
         rec.add_rows("io_buffers", _IO_COLUMNS, out)
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
