@@ -281,6 +281,18 @@ def test_gelu_not_fused_with_another_constant():
     assert _rules(session, "gelu").empty
 
 
+def test_gelu_not_fused_when_its_constants_broadcast_a_0d_x():
+    """x is 0-d and the constants have shape (1,): the chain's result has shape (1,),
+    which Gelu(x) would not."""
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["scaled"]), helper.make_node("Erf", ["scaled"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["t"]), helper.make_node("Mul", ["x", "t"], ["xt"]),
+             helper.make_node("Mul", ["xt", "half"], ["y"])]
+    inits = [_const("sqrt2", [math.sqrt(2.0)]), _const("one", [1.0]), _const("half", [0.5])]
+    model = _model(nodes, [_tensor("x", [])], [_tensor("y", [1])], inits, 20)
+    session = _differential(model, {"x": ()})
+    assert _rules(session, "gelu").empty
+
+
 def test_contrib_gelu_kernel_vs_onnxruntime():
     """com.microsoft Gelu (the kernel the erf rule uses below opset 20) on its own."""
     nodes = [helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")]

@@ -154,6 +154,13 @@ def _weight_fits(ctx: _Ctx, vid: int, width) -> bool:
     return shape is not None and len(shape) == 1 and isinstance(width, int) and shape[0] == width
 
 
+def _same_shape(ctx: _Ctx, x: int, last: Node) -> bool:
+    """The chain's result has x's shape (a constant of shape (1,) on a 0-d x, or a
+    weight broadcast onto a width-1 x, would change it: the fused op would not)."""
+    shape = ctx.shape(x)
+    return shape is not None and ctx.shape(last.outputs[0]) == shape
+
+
 def _fused_name(graph: Graph, chain: list[Node], op: str) -> str:
     prefix = os.path.commonprefix([n.name for n in chain])
     cut = prefix.rfind("/")
@@ -260,9 +267,8 @@ def _match_rms_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
         if cast_in is None or dtype != _F32:
             return None
         src = cast_in.inputs[0]
-        src_dtype = ctx.dtype(src)
-        if (src_dtype is None or src_dtype.kind != "f" or src_dtype.itemsize >= 4
-                or ctx.dtype(back.outputs[0]) != src_dtype):
+        # float16 (the kernel widens it to float32 itself; bfloat16 has no kernel here)
+        if ctx.dtype(src) != np.float16 or ctx.dtype(back.outputs[0]) != np.float16:
             return None
         normed = back
     weigh = ctx.next_op(normed, "Mul")
@@ -284,6 +290,8 @@ def _match_rms_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
         else:
             src = x  # keep the Cast; the fused node normalises its float32 output
     chain.append(weigh)
+    if not _same_shape(ctx, src, weigh):
+        return None
     return _emit(ctx, "rms_norm", chain, "SimplifiedLayerNormalization", [src, weight], axis=-1, epsilon=eps)
 
 
@@ -338,6 +346,8 @@ def _match_gelu(ctx: _Ctx, node: Node) -> Rewrite | None:
     if tail is None:
         return None
     chain = chain + [node, one] + tail
+    if not _same_shape(ctx, x, chain[-1]):
+        return None
     if ctx.graph.opsets.get("", 1) >= 20:
         return _emit(ctx, "gelu", chain, "Gelu", [x], approximate=approximate)
     if approximate == "tanh":
@@ -456,6 +466,8 @@ def _match_layer_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
     if bias is not None and _weight_fits(ctx, bias, width) and ctx.dtype(bias) == dtype:
         chain.append(shift)
         inputs.append(bias)
+    if not _same_shape(ctx, x, chain[-1]):
+        return None
     return _emit(ctx, "layer_norm", chain, "LayerNormalization", inputs, axis=-1, epsilon=eps)
 
 
