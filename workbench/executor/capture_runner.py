@@ -111,6 +111,8 @@ class CaptureRunner:
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
         #: addresses of arrays read this step and the last (the executor moves it on per run)
         self.addresses = KnownAddresses()
+        #: (slot, segment) -> (captured graph, (weakref, dtype) of each input its last check saw)
+        self._bindings_seen: dict[tuple, tuple] = {}
         #: (slot, state, whole plan) -> (the segments list they describe, the rows)
         self._segment_rows: dict[tuple, tuple[Any, tuple]] = {}
 
@@ -279,7 +281,7 @@ class CaptureRunner:
 
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex
-        if not self._same_binding(captured.signature):
+        if not self._same_binding(captured, (ex.state.name, seg.index)):
             now = binding_signature(ex.env, [entry[0] for entry in captured.signature])
             if now != captured.signature:
                 return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
@@ -293,17 +295,36 @@ class CaptureRunner:
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
-    def _same_binding(self, captured: tuple) -> bool:
+    def _same_binding(self, captured: CapturedGraph, key: tuple) -> bool:
         """True when every input is as `binding_signature` recorded it at capture time
-        (dtype, shape, strides, address; addresses of arrays already seen read from
-        `addresses`); False sends the step to the full comparison."""
+        (dtype, shape, strides, address); False sends the step to the full comparison.
+
+        After a check passes, the very objects it saw are kept (weakly, per slot and
+        segment) with their dtype objects: the next step an input that is the same
+        object, with the same dtype object, shape and strides, is as it was (same size,
+        so not moved; see `KnownAddresses`); any other input has its address read."""
         env = self.ex.env
+        seen = self._bindings_seen.get(key)
+        if seen is not None and seen[0]() is captured:
+            for (vid, _, shape, strides, _), (ref, dtype) in zip(captured.signature, seen[1]):
+                a = env[vid]
+                if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
+                    break
+            else:
+                return True
+        self._bindings_seen.pop(key, None)
         known = self.addresses.address
-        for vid, dtype, shape, strides, addr in captured:
+        objects = []
+        for vid, dtype, shape, strides, addr in captured.signature:
             a = env[vid]
             if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
                     or a.strides != strides or a.dtype.str != dtype or known(a) != addr:
                 return False
+            objects.append((a, a.dtype))
+        try:
+            self._bindings_seen[key] = (weakref.ref(captured), [(weakref.ref(a), d) for a, d in objects])
+        except TypeError:  # something without weak references: check it in full every step
+            pass
         return True
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
