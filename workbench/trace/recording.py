@@ -1,12 +1,12 @@
 """The Recording: a columnar, saveable log of everything the executor did.
 
 Emission is the hot path (one call per node per step while a model generates), so
-every emitting method only appends to Python lists: per-column lists for the
-per-node tables; for liveness rows and generic-table rows (`add_row`, `add_rows`)
-the rows as given, laid out into columns the first time something reads them (a
-liveness step equal to the last one shares its tuple). No event objects, no pandas. One extra small int per event (`_order`, the table it went to)
-keeps the global emission order, so `events()` and the `seq` column of every frame
-can replay the interleaving exactly.
+every emitting method only appends to Python lists: a tuple per row for the
+per-node tables, the rows as given for liveness (a step equal to the last one shares
+its tuple) and for generic tables (`add_row`, `add_rows`). They are laid out into
+columns the first time something reads them. No event objects, no pandas. One extra
+small int per event (`_order`, the table it went to) keeps the global emission order,
+so `events()` and the `seq` column of every frame can replay the interleaving exactly.
 
 Reading is the cold path: `steps()`, `views()`, `liveness()`, ... build pandas
 frames on demand (pandas is imported there, never when emitting); `events()` builds
@@ -164,9 +164,15 @@ class Recording:
 
     @property
     def _t(self) -> dict[str, dict[str, list]]:
-        """The built-in tables, column by column (pending liveness rows laid out first)."""
+        """The built-in tables, column by column (pending rows laid out first)."""
         if self._lv_pending:
             self._flush_liveness()
+        for name, rows in self._pending.items():
+            if rows:
+                cols = self._tables[name]
+                for col, values in zip(cols.values(), zip(*rows)):
+                    col.extend(values)
+                rows.clear()
         return self._tables
 
     def _flush_liveness(self) -> None:
@@ -179,18 +185,13 @@ class Recording:
                 lv[name].extend(col)
 
     def _bind(self) -> None:
-        """Direct references to the hot columns (the lists are only ever cleared in place)."""
-        ne, bu, vi, al, ma = (self._tables[k] for k in ("node_exec", "buffer", "view", "alias", "materialize"))
+        """The per-node tables take whole rows (tuples in `TABLE_COLUMNS` order), laid out
+        into their columns by `_t`; direct references to those row lists (only ever
+        cleared in place)."""
         self._steps = self._tables["steps"]
-        self._ne = (ne["step"], ne["plan_index"], ne["mode"], ne["duration_s"])
-        self._ne_step, self._ne_pi, self._ne_mode, self._ne_dur = self._ne
-        self._bu_step, self._bu_ev, self._bu_vid, self._bu_nb, self._bu_pi = (
-            bu[c] for c in TABLE_COLUMNS["buffer"])
-        (self._vi_step, self._vi_vid, self._vi_src, self._vi_shape, self._vi_strides,
-         self._vi_off, self._vi_pi) = (vi[c] for c in TABLE_COLUMNS["view"])
-        self._al_step, self._al_vid, self._al_into, self._al_pi = (al[c] for c in TABLE_COLUMNS["alias"])
-        self._ma_step, self._ma_pi, self._ma_vid, self._ma_nb, self._ma_reason = (
-            ma[c] for c in TABLE_COLUMNS["materialize"])
+        self._pending: dict[str, list[tuple]] = {
+            name: [] for name in ("node_exec", "buffer", "view", "alias", "materialize")}
+        self._ne, self._bu, self._vi, self._al, self._ma = self._pending.values()
 
     # ------------------------------------------------------------------ emission
 
@@ -230,10 +231,7 @@ class Recording:
     def node(self, plan_index: int, mode: str, duration_s: float) -> None:
         """Plan node ran: mode "eager" | "replayed" | "elided"."""
         self._order.append(CODE_NODE)
-        self._ne_step.append(self._step)
-        self._ne_pi.append(plan_index)
-        self._ne_mode.append(mode)
-        self._ne_dur.append(duration_s)
+        self._ne.append((self._step, plan_index, mode, duration_s))
 
     def node_span(self, plan_indices: list[int], mode: str, duration_s: float) -> None:
         """Many plan nodes ran together (a replayed segment): `duration_s` is shared
@@ -242,48 +240,29 @@ class Recording:
         if not n:
             return
         self._order.extend([CODE_NODE] * n)
-        self._ne_step.extend([self._step] * n)
-        self._ne_pi.extend(plan_indices)
-        self._ne_mode.extend([mode] * n)
-        self._ne_dur.extend([duration_s / n] * n)
+        step, share = self._step, duration_s / n
+        self._ne.extend([(step, k, mode, share) for k in plan_indices])
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
         self._order.append(CODE_BUFFER)
-        self._bu_step.append(self._step)
-        self._bu_ev.append(event)
-        self._bu_vid.append(value_id)
-        self._bu_nb.append(nbytes)
-        self._bu_pi.append(plan_index)
+        self._bu.append((self._step, event, value_id, nbytes, plan_index))
 
     def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
              plan_index: int) -> None:
         """`value_id` is a view of owner `source_id`; strides in elements (may be negative or 0)."""
         self._order.append(CODE_VIEW)
-        self._vi_step.append(self._step)
-        self._vi_vid.append(value_id)
-        self._vi_src.append(source_id)
-        self._vi_shape.append(shape)
-        self._vi_strides.append(strides)
-        self._vi_off.append(byte_offset)
-        self._vi_pi.append(plan_index)
+        self._vi.append((self._step, value_id, source_id, shape, strides, byte_offset, plan_index))
 
     def alias(self, value_id: int, into_id: int, plan_index: int) -> None:
         """In place: `value_id` was written into `into_id`'s buffer."""
         self._order.append(CODE_ALIAS)
-        self._al_step.append(self._step)
-        self._al_vid.append(value_id)
-        self._al_into.append(into_id)
-        self._al_pi.append(plan_index)
+        self._al.append((self._step, value_id, into_id, plan_index))
 
     def materialize(self, plan_index: int, value_id: int, nbytes: int, reason: str) -> None:
         """A kernel needed a copy of `value_id` (e.g. a contiguous input)."""
         self._order.append(CODE_MATERIALIZE)
-        self._ma_step.append(self._step)
-        self._ma_pi.append(plan_index)
-        self._ma_vid.append(value_id)
-        self._ma_nb.append(nbytes)
-        self._ma_reason.append(reason)
+        self._ma.append((self._step, plan_index, value_id, nbytes, reason))
 
     def liveness(self, rows: Iterable[tuple] | None = None) -> pd.DataFrame | None:
         """Emit this step's liveness rows; with no argument, return the liveness frame.
@@ -399,6 +378,8 @@ class Recording:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
         self._lv_pending.clear()
         self._lv_last = None
+        for rows in self._pending.values():
+            rows.clear()
         for cols in self._tables.values():
             for col in cols.values():
                 col.clear()
