@@ -40,8 +40,19 @@ class DecodeMemoSteps:
     def _replay_prepare(self, memo: DecodePlanMemo, bindings: dict[str, int], bound: dict[int, Any]) -> None:
         """Stage 1 replay: keep the invariant partition, re-substitute only the variant tail."""
         values, shapes = self.graph.values, self.state.shapes
+        resolved: dict[tuple, tuple | None] = {}  # symbolic shape -> its value under `bindings`
         for vid in memo.variant:
-            shapes[vid] = resolve(values[vid].shape, bindings)
+            shape = values[vid].shape
+            if shape is None:
+                shapes[vid] = None
+                continue
+            try:
+                got = resolved.get(shape, resolved)
+            except TypeError:  # an unhashable shape: resolve it on its own
+                got = resolve(shape, bindings)
+            if got is resolved:
+                got = resolved[shape] = resolve(shape, bindings)
+            shapes[vid] = got
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
             k, j = self.state.bound_slots[vid]
