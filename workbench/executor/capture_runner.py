@@ -79,15 +79,15 @@ class KnownAddresses:
             root = entry[2]()
             if root is not None and root.nbytes == entry[3]:
                 self._roots_now[key] = entry
-                return self.address(arr), self.address(root), entry[3]
+                return entry[4]
         root = storage_root(arr)
         root_nbytes = int(getattr(root, "nbytes", arr.nbytes))
-        root_address = self.address(root) if hasattr(root, "nbytes") else address(root)
+        found = (self.address(arr), self.address(root) if hasattr(root, "nbytes") else address(root), root_nbytes)
         try:
-            self._roots_now[key] = (weakref.ref(arr), arr.nbytes, weakref.ref(root), root_nbytes)
+            self._roots_now[key] = (weakref.ref(arr), arr.nbytes, weakref.ref(root), root_nbytes, found)
         except TypeError:
             pass
-        return self.address(arr), root_address, root_nbytes
+        return found
 
     def next_step(self) -> None:
         """Forget what was seen before the last step."""
