@@ -90,6 +90,8 @@ class Executor(DecodeMemoSteps):
         self._view_plan_stale = False
         self._owners: dict[int, int] = {}
         self._observed: dict[int, tuple] = {}
+        #: plan index of a view node -> (its source input, its runtime parameter inputs)
+        self._view_params: dict[int, tuple[int, tuple[int, ...]]] = {}
         #: slot name -> the last liveness rows emitted for it and what they were made from
         self._liveness: dict[str, _LivenessRows] = {}
 

@@ -256,14 +256,18 @@ class DecodeMemoSteps:
         its source (a view produced this step may sit elsewhere, e.g. after a Slice
         whose start moved) and the values of its runtime parameter inputs (every
         input after the source that is not an initializer)."""
-        inputs = self.plan.nodes[k].inputs
-        source = self.env[inputs[0]]
-        keys = [(inputs[0], None) if source is None else
-                (inputs[0], self.addresses.address(source), source.shape, source.strides)]
-        for vid in inputs[1:]:
-            if vid < 0 or vid in self.graph.initializers:
-                continue
-            value = self.env[vid]
+        env = self.env
+        params = self._view_params.get(k)
+        if params is None:  # the plan's inputs of node k: fixed for the executor's life
+            inputs = self.plan.nodes[k].inputs
+            params = self._view_params[k] = (inputs[0], tuple(
+                vid for vid in inputs[1:] if vid >= 0 and vid not in self.graph.initializers))
+        first, runtime = params
+        source = env[first]
+        keys = [(first, None) if source is None else
+                (first, self.addresses.address(source), source.shape, source.strides)]
+        for vid in runtime:
+            value = env[vid]
             if value is None:
                 keys.append((vid, None))
                 continue
@@ -282,18 +286,20 @@ class DecodeMemoSteps:
         if self._param_keys(p.index) != plan.params[p.index]:
             self._view_plan_stale = True
             return False
-        if self.options.decode_memo_verify:
+        verify = self.options.decode_memo_verify
+        if verify:
             fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
+        owners, views = self._owners, plan.views
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
-            view, owner, shape, strides, offset = plan.views[vid]
-            if self.options.decode_memo_verify and not (
+            view, owner, shape, strides, offset = views[vid]
+            if verify and not (
                     is_view_of(fresh[j], view) and address(fresh[j]) == address(view)
                     and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
                 raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
             env[vid] = view
-            self._owners[vid] = owner
+            owners[vid] = owner
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:
