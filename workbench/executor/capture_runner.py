@@ -113,8 +113,8 @@ class CaptureRunner:
         self.addresses = KnownAddresses()
         #: (slot, segment) -> (captured graph, (weakref, dtype) of each input its last check saw)
         self._bindings_seen: dict[tuple, tuple] = {}
-        #: (slot, state, whole plan) -> (the segments list they describe, the rows)
-        self._segment_rows: dict[tuple, tuple[Any, tuple]] = {}
+        #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)
+        self._segment_rows: dict[tuple, tuple[Any, tuple, int]] = {}
 
     # -- deciding ------------------------------------------------------------------
 
