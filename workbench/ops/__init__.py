@@ -10,7 +10,7 @@ KERNEL_MODULES = (
     "layout", "indexing",
     "reduce", "linalg", "softmax", "normalization",
     "control_flow", "legacy",
-    "contrib", "contrib_gather_quant",
+    "contrib", "contrib_gather_quant", "fused_attention",
 )
 
 for _name in KERNEL_MODULES:

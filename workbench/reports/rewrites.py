@@ -26,6 +26,7 @@ REWRITE_RULES = {
     "layer_norm": "fused: LayerNorm written out op by op, as one LayerNormalization",
     "gelu": "fused: GELU (erf or tanh form) written out op by op, as one Gelu / FastGelu",
     "silu": "fused: x * Sigmoid(x) (SiLU), as one com.microsoft QuickGelu(alpha=1)",
+    "attention": "fused: repeat_kv, Q K^T, scale, mask, Softmax, @ V as one ai.workbench MaskedSoftmaxAttention",
 }
 
 REWRITE_COLUMNS = ["rule", "original_nodes", "original_ops", "result", "nodes_saved", "bytes_delta", "kept"]

@@ -1,0 +1,270 @@
+"""Differential tests for the ``attention`` fusion rule (`executor.fusion_attention`,
+issue 13): repeat_kv + Q K^T + scale + mask + Softmax + @ V as one
+ai.workbench MaskedSoftmaxAttention.
+
+A fusion changes how a value is computed, never the value: each form runs on one
+buffer per input whose contents change every run (the mask too, always with one fully
+masked row), under the default mechanisms (memo, capture, views), every output compared
+with onnxruntime running the unfused graph; each test asserts the rewrite happened (or,
+for a chain that must stay, that it did not). The builders' decoders must give
+onnxruntime's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench
+from workbench import SessionOptions, models
+from workbench.executor import fusion, fusion_attention
+
+RUNS = 7
+F32 = TensorProto.FLOAT
+FILL = float(np.finfo(np.float32).min)  # -3.4028234663852886e+38, as torch exports it
+
+
+@pytest.fixture(autouse=True)
+def _attention_rule(monkeypatch):
+    """The rule runs in this module's sessions whether or not `fusion.RULES` lists it."""
+    if fusion_attention.fuse_attention not in fusion.RULES:
+        monkeypatch.setattr(fusion, "RULES", [*fusion.RULES, fusion_attention.fuse_attention])
+
+
+def _ort(model):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _c(name, value, dtype):
+    return numpy_helper.from_array(np.array(value, dtype), name)
+
+
+def _repeat_kv(nodes, x, prefix, kv_heads, rep, heads, width, tile=False):
+    """torch's repeat_kv: Unsqueeze(2) -> Expand [B, KV, rep, T, D] -> Reshape [B, H, T, D],
+    the batch read from Q's shape and the length from x's, as the exporters write it."""
+    nodes += [
+        helper.make_node("Shape", ["q"], [f"{prefix}_qshape"]),
+        helper.make_node("Gather", [f"{prefix}_qshape", "i0"], [f"{prefix}_b0"], axis=0),
+        helper.make_node("Unsqueeze", [f"{prefix}_b0", "ax0"], [f"{prefix}_b"]),
+        helper.make_node("Shape", [x], [f"{prefix}_xshape"]),
+        helper.make_node("Gather", [f"{prefix}_xshape", "i2"], [f"{prefix}_t0"], axis=0),
+        helper.make_node("Unsqueeze", [f"{prefix}_t0", "ax0"], [f"{prefix}_t"]),
+        helper.make_node("Concat", [f"{prefix}_b", *(["c_rep", "c_kv"] if tile else ["c_kv", "c_rep"]),
+                                    f"{prefix}_t", "c_d"], [f"{prefix}_s5"], axis=0),
+        helper.make_node("Concat", [f"{prefix}_b", "c_h", f"{prefix}_t", "c_d"], [f"{prefix}_s4"], axis=0),
+        helper.make_node("Unsqueeze", [x, "ax1" if tile else "ax2"], [f"{prefix}_x5"]),
+        helper.make_node("Expand", [f"{prefix}_x5", f"{prefix}_s5"], [f"{prefix}_e"]),
+        helper.make_node("Reshape", [f"{prefix}_e", f"{prefix}_s4"], [f"{prefix}_rep"]),
+    ]
+    return f"{prefix}_rep", [_c("c_kv", [kv_heads], np.int64), _c("c_rep", [rep], np.int64),
+                             _c("c_h", [heads], np.int64), _c("c_d", [width], np.int64)]
+
+
+def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where", leak=None,
+                     softmax_axis=-1, scale_input=False, mask_batch=None, opset=18, tile=False):
+    """q [B, H, S, D]; present k / v = Concat(past, new) (graph outputs); repeat_kv when
+    heads > kv_heads; MatMul(q, k^T) * scale -> Where(mask, ., FILL) | Add(mask) ->
+    Softmax -> MatMul(., v) -> y, then y * 2 (so y is not only a graph output).
+    `leak` names an intermediate that also becomes a graph output."""
+    rep = heads // kv_heads
+    total = past + seq
+    nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
+             helper.make_node("Concat", ["past_v", "new_v"], ["present_v"], axis=2)]
+    inits = [_c("i0", 0, np.int64), _c("i2", 2, np.int64), _c("ax0", [0], np.int64), _c("ax1", [1], np.int64),
+             _c("ax2", [2], np.int64),
+             _c("fill", FILL, np.float32), _c("two", 2.0, np.float32)]
+    k, v = "present_k", "present_v"
+    if rep > 1:
+        k, extra = _repeat_kv(nodes, k, "rk", kv_heads, rep, heads, width, tile)
+        v, _ = _repeat_kv(nodes, v, "rv", kv_heads, rep, heads, width, tile)
+        inits += extra
+    scale = "scale"
+    if not scale_input:
+        inits.append(_c("scale", 1.0 / np.sqrt(width), np.float32))
+    nodes += [helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+              helper.make_node("Mul", ["qk", scale], ["scores"])]
+    if mask == "where":
+        nodes.append(helper.make_node("Where", ["mask", "scores", "fill"], ["masked"]))
+    else:
+        nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+    nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=softmax_axis),
+              helper.make_node("MatMul", ["probs", v], ["y"]),
+              helper.make_node("Mul", ["y", "two"], ["y2"])]
+    B = "B"
+    mask_dims = [mask_batch or B, 1, seq, total]
+    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, seq, width]),
+              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, past, width]),
+              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, seq, width]),
+              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, past, width]),
+              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, seq, width]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL if mask == "where" else F32, mask_dims)]
+    if scale_input:
+        inputs.append(helper.make_tensor_value_info("scale", F32, []))
+    outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y2", "present_k", "present_v")]
+    if leak is not None:
+        outputs.append(helper.make_tensor_value_info(leak, F32, None))
+    graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _fill(buffers, rng, run, mask):
+    for name, buf in buffers.items():
+        if name == "mask":
+            if buf.dtype == np.bool_:
+                buf[...] = rng.random(buf.shape) < 0.7
+                buf[..., -1] = True
+                buf[..., 0, :] = False  # one fully masked row: a uniform softmax (Where form)
+            else:
+                buf[...] = rng.standard_normal(buf.shape) * 3
+                buf[..., 1, 2:] = -np.inf
+                if run % 2:
+                    buf[..., 0, :] = -np.inf  # fully masked: NaN, unfused and fused alike
+        elif name == "scale":
+            buf[...] = 0.1 + run * 0.05
+        else:
+            buf[...] = rng.standard_normal(buf.shape) * (1.0 + run)
+
+
+def _differential(model, *, batch=1, seed=0):
+    """RUNS runs on stable input buffers with new contents, every output vs onnxruntime."""
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(seed)
+    buffers = {}
+    for i in oracle.get_inputs():
+        shape = tuple(d if isinstance(d, int) else batch for d in i.shape)
+        buffers[i.name] = np.empty(shape, np.bool_ if i.type == "tensor(bool)" else np.float32)
+    names = [o.name for o in oracle.get_outputs()]
+    for run in range(RUNS):
+        _fill(buffers, rng, run, "mask")
+        want = oracle.run(None, {k: v.copy() for k, v in buffers.items()})
+        got = session.run(None, buffers)
+        for g, w, name in zip(got, want, names, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape, f"run {run}: {name}"
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {name}")
+    return session
+
+
+def _attention_rewrites(session):
+    rewrites = session.recording.rewrites()
+    return rewrites[rewrites.rule == "attention"]
+
+
+def _fused_nodes(session):
+    return [n for n in session.graph.nodes if n.op_type == "MaskedSoftmaxAttention"]
+
+
+@pytest.mark.parametrize("heads,kv_heads,seq,batch", [(4, 2, 3, 1), (8, 2, 1, 1), (2, 2, 3, 1), (4, 1, 4, 2),
+                                                       (6, 3, 2, 3)])
+def test_where_masked_attention_fused_vs_onnxruntime(heads, kv_heads, seq, batch):
+    session = _differential(_attention_model(heads=heads, kv_heads=kv_heads, seq=seq), batch=batch)
+    rows = _attention_rewrites(session)
+    assert len(rows) == 1 and len(_fused_nodes(session)) == 1
+    rep = heads // kv_heads
+    # GQA: 3 repeat nodes a side, and the 8 shape nodes a side only they read, go too
+    assert int(rows.nodes_saved.iloc[0]) == (5 + 6 + 16 if rep > 1 else 5)
+    node = _fused_nodes(session)[0]
+    assert node.attrs["kv_repeat"] == rep and node.attrs["mask_mode"] == "where"
+    ops = {n.op_type for n in session.graph.nodes}
+    assert not ops & {"Softmax", "Where", "Expand", "Transpose"}
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2)])
+def test_additive_mask_attention_fused_vs_onnxruntime(heads, kv_heads):
+    """-inf rows give NaN in both graphs; finite masks are added to the scaled scores."""
+    session = _differential(_attention_model(heads=heads, kv_heads=kv_heads, mask="add"))
+    assert len(_attention_rewrites(session)) == 1
+    assert _fused_nodes(session)[0].attrs["mask_mode"] == "add"
+
+
+def test_mask_broadcasting_the_scores_up_is_computed_as_unfused():
+    """A mask of batch 2 on scores of batch 1: the masked scores are [2, H, S, L]; the
+    kernel takes its explicit-repeat path, as the unfused MatMul broadcasts."""
+    model = _attention_model(heads=4, kv_heads=2, mask_batch=2)
+    session = _differential(model, batch=1)
+    assert len(_attention_rewrites(session)) == 1
+
+
+@pytest.mark.parametrize("leak", ["probs", "masked", "scores", "qk", "kt", "rk_rep", "rv_rep", "rk_e", "rk_x5"])
+def test_attention_blocked_by_an_intermediate_read_outside_the_chain(leak):
+    session = _differential(_attention_model(leak=leak))
+    assert len(_attention_rewrites(session)) == 0
+    assert not _fused_nodes(session)
+
+
+def test_attention_blocked_by_a_second_reader_node():
+    model = _attention_model()
+    model.graph.node.append(helper.make_node("Neg", ["scores"], ["neg"]))
+    model.graph.output.append(helper.make_tensor_value_info("neg", F32, None))
+    session = _differential(model)
+    assert len(_attention_rewrites(session)) == 0
+
+
+@pytest.mark.parametrize("case", ["softmax_axis", "scale_input"])
+def test_attention_not_fused_when_not_equivalent(case):
+    model = _attention_model(softmax_axis=2) if case == "softmax_axis" else _attention_model(scale_input=True)
+    session = _differential(model)
+    assert len(_attention_rewrites(session)) == 0
+
+
+def test_a_tile_of_kv_heads_is_not_taken_for_a_head_repeat():
+    """Unsqueeze(1) -> Expand [B, rep, KV, T, D] -> Reshape tiles the heads (head h reads
+    kv head h % KV, not h // rep): the repeats stay, and the rest of the chain is fused
+    with kv_repeat 1, reading the tiled K and V."""
+    session = _differential(_attention_model(heads=4, kv_heads=2, tile=True))
+    rows = _attention_rewrites(session)
+    assert len(rows) == 1 and int(rows.nodes_saved.iloc[0]) == 5
+    assert _fused_nodes(session)[0].attrs["kv_repeat"] == 1
+    assert sum(n.op_type == "Expand" for n in session.graph.nodes) == 2
+
+
+# --- the builders' decoders ------------------------------------------------------------
+
+BUILDERS = {
+    "llama-onnx": (lambda: models.llama("small", flavor="onnx"), 6, 21),
+    # both If branches (with and without the cache) hold the whole model
+    "llama-optimum-merged": (lambda: models.llama("small", flavor="onnx", export="optimum-merged"), 12, 21),
+    "gpt2": (lambda: models.gpt2("small"), 8, 5),
+}
+PROMPT = [5, 17, 42, 9, 311, 2]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_builder_models_list_the_attention_rewrites(name):
+    build, count, saved = BUILDERS[name]
+    session = workbench.InferenceSession(build(), SessionOptions(decode_memo_verify=False))
+    rows = _attention_rewrites(session)
+    assert len(rows) == count
+    assert min(rows.nodes_saved) == saved
+    # beyond that only a body's Constant nodes that the last fused layer alone still read
+    for r in rows.itertuples():
+        assert list(r.original_ops).count("Constant") == r.nodes_saved - saved
+    assert all(str(r).endswith("MaskedSoftmaxAttention") for r in rows.result)
+
+
+@pytest.mark.parametrize("kv", ["growing", "fixed"])
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_builder_models_greedy_tokens_match_onnxruntime(name, kv):
+    model = BUILDERS[name][0]()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    assert len(_attention_rewrites(session)) == BUILDERS[name][1]
+    ours = workbench.Generator(session).generate(PROMPT, 16, progress=False, eos_token_id=-1, kv=kv)
+    theirs = workbench.Generator(_ort(model)).generate(PROMPT, 16, progress=False, eos_token_id=-1, kv=kv)
+    assert ours.tokens == theirs.tokens
+
+
+def test_fused_and_unfused_workbench_decodes_agree():
+    """The fused session and the unfused one (level "basic") pick the same tokens."""
+    model = models.llama("tiny", flavor="onnx")
+    fused = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    plain = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False,
+                                                             graph_optimization_level="basic"))
+    assert len(_attention_rewrites(fused)) == 2 and len(_attention_rewrites(plain)) == 0
+    a = workbench.Generator(fused).generate(PROMPT, 8, progress=False, eos_token_id=-1)
+    b = workbench.Generator(plain).generate(PROMPT, 8, progress=False, eos_token_id=-1)
+    assert a.tokens == b.tokens

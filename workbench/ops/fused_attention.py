@@ -1,0 +1,77 @@
+"""ai.workbench MaskedSoftmaxAttention: the decomposed attention torch-style exports
+write out op by op, as one kernel (emitted by the load-time rule
+`executor.fusion_attention`; no model file carries it).
+
+Inputs ``(Q, K, V, mask, scale, fill?)``, attributes ``kv_repeat`` (r >= 1) and
+``mask_mode`` ("where" | "add"). It computes exactly what the chain it replaces
+computes, op for op, in the inputs' dtype::
+
+    K_r, V_r = K, V with each head repeated r times (head h reads kv head h // r:
+               Unsqueeze(2) -> Expand(r) -> Reshape, i.e. repeat_kv)
+    scores   = MatMul(Q, Transpose(K_r, [0, 1, 3, 2])) * scale
+    masked   = Where(mask, scores, fill)          # mask_mode "where" (mask bool)
+             | scores + mask                      # mask_mode "add"
+    out      = MatMul(Softmax(masked, axis=-1), V_r)
+
+so a fully masked row behaves as it did unfused: Where(mask, s, -3.4e38) gives a
+uniform softmax, an additive -inf mask NaN (no special casing of either).
+
+The repeated heads are never materialised on the common path: Q [B, Hkv * r, S, D] is
+read as [B, Hkv, r * S, D] (query heads of one kv head are adjacent), one batched
+MatMul per kv head gives the scores of its r query heads, and the probabilities are
+multiplied by V the same way. Each score is the same length-D dot product as before
+(only the BLAS blocking may differ: float rounding). Where broadcasting would make the
+masked scores larger than [B, Hq, S, L] (a mask with more rows than the scores), or Q's
+heads are not Hkv * r, K / V are repeated explicitly and the plain broadcast MatMuls
+run, as the unfused graph would. Branches depend on shapes only, never on values: the
+kernel makes no host read and records into a device graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .contrib import F32, F64, attr_str, emit, out_dtype, pad_inputs
+from .registry import KernelFn, NodeInfo, register
+from .softmax import _softmax_into
+
+#: the private domain of kernels the load-time rewrites emit (not an ONNX standard op)
+WORKBENCH_DOMAIN = "ai.workbench"
+
+
+def _repeat_heads(xp: Any, x: Any, repeat: int) -> Any:
+    """x [B, Hkv, L, D] -> [B, Hkv * r, L, D], head h a copy of head h // r."""
+    return x if repeat == 1 else xp.repeat(x, repeat, axis=1)
+
+
+@register("MaskedSoftmaxAttention", domain=WORKBENCH_DOMAIN, dtypes=frozenset({F32, F64}))
+def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
+    xp = info.xp
+    repeat = int(info.attr("kv_repeat", 1))
+    mode = attr_str(info, "mask_mode", "where")
+    dtype = out_dtype(info)
+
+    def run(inputs: list, outs: list) -> tuple:
+        q, k, v, mask, scale, fill = pad_inputs(inputs, 6)[:6]
+        grouped = (repeat > 1 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+                   and q.shape[1] == k.shape[1] * repeat and v.shape[1] == k.shape[1])
+        if grouped:
+            batch, heads, seq, width = q.shape
+            kv_heads = k.shape[1]
+            scores = xp.matmul(q.reshape(batch, kv_heads, repeat * seq, width), xp.swapaxes(k, -1, -2))
+            scores = scores.reshape(scores.shape[0], heads, seq, scores.shape[-1])
+        else:
+            scores = xp.matmul(q, xp.swapaxes(_repeat_heads(xp, k, repeat), -1, -2))
+        scores = xp.multiply(scores, scale, out=scores) if scale.ndim <= scores.ndim else scores * scale
+        masked = xp.where(mask, scores, fill) if mode == "where" else xp.add(scores, mask)
+        if masked.size:
+            masked = _softmax_into(xp, masked, (-1,), masked)
+        if grouped and tuple(masked.shape) == tuple(scores.shape):
+            rows = masked.reshape(masked.shape[0], kv_heads, repeat * seq, masked.shape[-1])
+            y = xp.matmul(rows, v)
+            y = y.reshape(y.shape[0], heads, seq, y.shape[-1])
+        else:
+            y = xp.matmul(masked, _repeat_heads(xp, v, repeat))
+        return (emit(outs[0], y, dtype),)
+
+    return run
