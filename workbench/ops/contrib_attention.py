@@ -377,6 +377,50 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     used_present = (used(info, 1), used(info, 2))
     used_qk = bool(qk_output) and used(info, 3)
 
+    def attend_one_token(q: Any, keys: Any, values: Any, bias: Any, allowed: Any, head_sink: Any,
+                         out: Any, ct: np.dtype) -> Any:
+        """One query token's attention over `keys`/`values` [KV, n, H] into `out`:
+        scaled scores, softcap, `bias` added to the first columns (past them: zeros, as
+        the general path pads), columns outside `allowed` masked, the (sink) softmax,
+        the weighted sum. Shared by the one-token path's host and device forms."""
+        head_size = q.shape[-1]
+        if keys.dtype != ct:
+            keys, values = keys.astype(ct), values.astype(ct)
+        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+        scores = xp.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
+        scores *= ct.type(alpha)  # [KV, G, n]
+        if softcap > 0.0:
+            cap = ct.type(softcap)
+            xp.divide(scores, cap, out=scores)
+            xp.tanh(scores, out=scores)
+            xp.multiply(scores, cap, out=scores)
+        if bias is not None:
+            width = bias.shape[-1]
+            if bias.shape[0] != 1:
+                bias = bias.reshape(kv_num_heads, group, width)
+            scores[..., :width] += bias.astype(ct, copy=False)
+        if allowed is not None:
+            scores = xp.where(allowed, scores, ct.type(-np.inf))
+        sink = None
+        if head_sink is not None:
+            sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
+        elif smooth_softmax:
+            sink = xp.zeros((1, 1, 1), dtype=ct)
+        row_max = scores.max(axis=-1, keepdims=True)
+        if sink is not None:
+            row_max = xp.maximum(row_max, sink)
+        scores -= row_max
+        xp.exp(scores, out=scores)
+        denom = scores.sum(axis=-1, keepdims=True)
+        if sink is not None:
+            denom += xp.exp(sink - row_max)
+        scores /= denom
+        q_hidden = num_heads * head_size
+        if out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden) and out.flags.c_contiguous:
+            xp.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
+            return out
+        return emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+
     def decode_token(inputs: list, outs: list) -> list | None:
         """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
         general path's result computed over views of 0..pos, or None where it does not
@@ -502,45 +546,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         allowed = slots <= pos  # [L]
         if local_window > 0:
             allowed = allowed & (slots > pos - local_window)
-        keys, values = presents[0][0], presents[1][0]  # [KV, L, H]
-        if cache_dtype != ct:
-            keys, values = keys.astype(ct), values.astype(ct)
-        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
-        scores = xp.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
-        scores *= ct.type(alpha)  # [KV, G, L]
-        if softcap > 0.0:
-            cap = ct.type(softcap)
-            xp.divide(scores, cap, out=scores)
-            xp.tanh(scores, out=scores)
-            xp.multiply(scores, cap, out=scores)
+        bias = None
         if attention_bias is not None:
-            span = min(attention_bias.shape[3], present_len)  # past the bias: zeros, as the general path pads
-            bias = attention_bias[0, :, 0, :span]
-            if bias.shape[0] != 1:
-                bias = bias.reshape(kv_num_heads, group, span)
-            scores[..., :span] += bias.astype(ct, copy=False)
-        scores = xp.where(allowed, scores, ct.type(-np.inf))
-        sink = None
-        if head_sink is not None:
-            sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
-        elif smooth_softmax:
-            sink = xp.zeros((1, 1, 1), dtype=ct)
-        row_max = scores.max(axis=-1, keepdims=True)
-        if sink is not None:
-            row_max = xp.maximum(row_max, sink)
-        scores -= row_max
-        xp.exp(scores, out=scores)
-        denom = scores.sum(axis=-1, keepdims=True)
-        if sink is not None:
-            denom += xp.exp(sink - row_max)
-        scores /= denom
-
-        out = outs[0]
-        if (out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden)
-                and out.flags.c_contiguous):
-            xp.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
-        else:
-            out = emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+            bias = attention_bias[0, :, 0, :min(attention_bias.shape[3], present_len)]
+        out = attend_one_token(q, presents[0][0], presents[1][0], bias, allowed, head_sink, outs[0], ct)
         return [out, presents[0], presents[1]] + [None] * (n_out - 3)
 
     def attend_on_host_position(inputs: list, outs: list, q: Any, k_row: Any, v_row: Any,
@@ -551,7 +560,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
         attention_bias = inputs[10] if len(inputs) > 10 else None
         head_sink = inputs[11] if len(inputs) > 11 else None
-        present_len, head_size = present_shape[2], present_shape[3]
+        present_len = present_shape[2]
         pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
         kept = min(past_key.shape[2], present_len, pos)
         presents = []
@@ -565,45 +574,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             out[0, :, pos] = row
             presents.append(out)
         start = max(pos - local_window + 1, 0) if local_window > 0 else 0
-        keys, values = presents[0][0, :, start:pos + 1], presents[1][0, :, start:pos + 1]  # [KV, n, H]
-        if keys.dtype != ct:
-            keys, values = keys.astype(ct), values.astype(ct)
-        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
-        scores = np.matmul(q.reshape(kv_num_heads, group, head_size), keys.transpose(0, 2, 1))
-        scores *= ct.type(alpha)  # [KV, G, n]
-        if softcap > 0.0:
-            cap = ct.type(softcap)
-            np.divide(scores, cap, out=scores)
-            np.tanh(scores, out=scores)
-            np.multiply(scores, cap, out=scores)
-        if attention_bias is not None:
-            stop = min(attention_bias.shape[3], pos + 1)  # past the bias: zeros, as the general path pads
-            if stop > start:
-                bias = attention_bias[0, :, 0, start:stop]
-                if bias.shape[0] != 1:
-                    bias = bias.reshape(kv_num_heads, group, stop - start)
-                scores[..., :stop - start] += bias.astype(ct, copy=False)
-        sink = None
-        if head_sink is not None:
-            sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
-        elif smooth_softmax:
-            sink = np.zeros((1, 1, 1), dtype=ct)
-        row_max = scores.max(axis=-1, keepdims=True)
-        if sink is not None:
-            row_max = np.maximum(row_max, sink)
-        scores -= row_max
-        np.exp(scores, out=scores)
-        denom = scores.sum(axis=-1, keepdims=True)
-        if sink is not None:
-            denom += np.exp(sink - row_max)
-        scores /= denom
-        out = outs[0]
-        q_hidden = num_heads * head_size
-        if (out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden)
-                and out.flags.c_contiguous):
-            np.matmul(scores, values, out=out.reshape(kv_num_heads, group, head_size))
-        else:
-            out = emit(out, np.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
+        bias = None
+        if attention_bias is not None and min(attention_bias.shape[3], pos + 1) > start:
+            bias = attention_bias[0, :, 0, start:min(attention_bias.shape[3], pos + 1)]
+        out = attend_one_token(q, presents[0][0, :, start:pos + 1], presents[1][0, :, start:pos + 1], bias,
+                               None, head_sink, outs[0], ct)
         return [out, presents[0], presents[1]] + [None] * (len(outs) - 3)
 
     def general(inputs: list, outs: list) -> list:
