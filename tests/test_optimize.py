@@ -154,7 +154,9 @@ def test_shape_arithmetic_is_folded_on_replays_token_exact():
     ops = {session.plan.nodes[k].node.op_type for k in fold.nodes}
     assert "Shape" in ops and ops <= SHAPE_SOURCES | SHAPE_ARITHMETIC
     timings = session.recording.node_timings()
-    assert (timings["mode"] == "elided").sum() >= stats["shape_folded"]
+    folded = timings[timings.node.isin({session.plan.nodes[k].node.name for k in fold.nodes})]
+    # a folded node is reinstated (elided) where it runs eagerly, replayed inside a captured segment
+    assert folded["mode"].isin(["elided", "replayed"]).sum() >= stats["shape_folded"]
     basic = _onnx_llama_session(graph_optimization_level="basic")
     _decode(basic)
     assert basic.memo_stats()["shape_folded"] == 0, "basic folds constants only"

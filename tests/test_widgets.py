@@ -352,7 +352,12 @@ def test_each_view_stands_alone_and_redraws_when_its_step_control_moves(decoded,
     assert view.cursor.step == len(decoded) - 2
     assert view.controls.label.value != label and f"step {len(decoded) - 2}" in view.controls.label.value
     after = [_figure_json(f) for f in figures]
-    assert before != after, f"{name} did not redraw for the new step"
+    # two late decode steps can draw alike (with attention fused, llama's only views are
+    # the same from step to step); the prefill never draws like a decode step
+    view.controls.slider.value = 0
+    assert view.cursor.step == 0 and "step 0" in view.controls.label.value
+    first = [_figure_json(f) for f in figures]
+    assert before != first and (after == before or after != first), f"{name} did not redraw for the new step"
 
 
 def _walk(w):
@@ -554,7 +559,7 @@ def test_workbench_refuses_a_session_that_records_nothing():
 def test_a_600_node_plan_stays_responsive():
     from workbench.widgets import DecodeWorkbench
 
-    session = workbench.InferenceSession(models.gpt2("tiny", num_layers=16))
+    session = workbench.InferenceSession(models.gpt2("tiny", num_layers=18))
     Generator(session).generate([3, 4, 5], 3, progress=False, eos_token_id=-1)
     n = len(session.recording.nodes())
     assert n >= 600
@@ -620,14 +625,15 @@ def test_the_search_box_moves_every_tab_to_the_node(decoded):
     wb.tabs.selected_index = 6
     wb.diagnostics.show("diff")
     assert "wb-sel" in wb.diagnostics.table.html.value.split("</style>", 1)[1]  # its rows are highlighted
-    wb.search.value = "self_attn/Softmax"  # several matches: the first, the rest one pick away
+    wb.search.value = "self_attn/o_proj/MatMul"  # several matches: the first, the rest one pick away
     assert len(wb.search_hits.options) == 4 and wb.search_hits.layout.display is None  # 2 nodes, 2 values
-    softmax = decoded.nodes().query("op_type == 'Softmax'").plan_index.tolist()
-    assert wb.cursor.node == softmax[0]
+    nodes = decoded.nodes()
+    o_proj = nodes[nodes.name.str.endswith("self_attn/o_proj/MatMul")].plan_index.tolist()
+    assert wb.cursor.node == o_proj[0]
     wb.search_hits.value = 1
-    assert wb.cursor.node == softmax[1]
+    assert wb.cursor.node == o_proj[1]
     wb.search.value = "nothing is called this"
-    assert "no node or value" in wb.search_label.value and wb.cursor.node == softmax[1]
+    assert "no node or value" in wb.search_label.value and wb.cursor.node == o_proj[1]
 
 
 @pytest.mark.parametrize("how", ["live", "loaded"])

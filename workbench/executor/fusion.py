@@ -23,6 +23,9 @@ dropped as it goes, so load never holds the model twice) and the level.
 - ``silu`` (`fusion_patterns`): Mul(x, Sigmoid(x)) as com.microsoft QuickGelu(alpha=1).
   One-token decode pays per node dispatched: each rule saves 1 to 8 nodes a pattern.
   These four also run inside If / Loop bodies (on copies; optimum's merged decoder).
+- ``attention`` (`fusion_attention`): repeat_kv (Unsqueeze, Expand, Reshape) of K and V,
+  Transpose, MatMul, Mul(scale), Where(mask) | Add(mask), Softmax, MatMul as one
+  ai.workbench MaskedSoftmaxAttention (no copy of the KV cache per head; also in bodies).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from . import fusion_patterns
+from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -111,4 +114,5 @@ def _split_node(graph: Graph, name: str, source: int, parts: list[int], widths: 
     return make_node(graph, name, "Split", [source], parts, axis=-1, split=list(widths))
 
 
-RULES: list[Callable[[Graph, dict | None, str], list[Rewrite]]] = [fuse_sibling_matmuls, *fusion_patterns.RULES]
+RULES: list[Callable[[Graph, dict | None, str], list[Rewrite]]] = [fuse_sibling_matmuls, *fusion_patterns.RULES,
+                                                                    *fusion_attention.RULES]
