@@ -46,31 +46,30 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ops.fused_attention import WORKBENCH_DOMAIN
-from .graph_edit import Rewrite, ensure_opset, make_node, producers, readers, replace_nodes
+from .graph_edit import (
+    MatchContext,
+    Rewrite,
+    ensure_opset,
+    in_bodies,
+    make_node,
+    producers,
+    read_values,
+    readers,
+    replace_nodes,
+)
 
 OP = "MaskedSoftmaxAttention"
 _EXACT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-@dataclass
-class _Ctx:
-    graph: Graph
-    read_by: dict
-    made_by: dict
-    outputs: set
-    consts: dict = field(default_factory=dict)
-    gone: set = field(default_factory=set)
-
-    def const(self, vid: int) -> np.ndarray | None:
-        array = self.graph.initializers.get(vid)
-        array = self.consts.get(vid) if array is None else array
-        return array if isinstance(array, np.ndarray) else None
+class _Ctx(MatchContext):
+    """The match context, with the shape lookups the attention chain needs."""
 
     def shape(self, vid: int) -> tuple | None:
         return self.graph.values[vid].shape
@@ -369,15 +368,9 @@ def _drop_orphans(graph: Graph, rewrites: list[Rewrite], read_before: set[int],
     return rewrites
 
 
-def _read_values(graph: Graph) -> set[int]:
-    read = set(graph.outputs)
-    for node in graph.nodes:
-        read.update(v for v in (*node.inputs, *node.captures) if v >= 0)
-    return read
-
 
 def _fuse_here(graph: Graph, release: dict | None, consts: dict) -> list[Rewrite]:
-    read_before = _read_values(graph)
+    read_before = read_values(graph)
     ctx = _Ctx(graph, readers(graph), producers(graph), set(graph.outputs), consts)
     rewrites = []
     for node in list(graph.nodes):
@@ -394,34 +387,7 @@ def fuse_attention(graph: Graph, release: dict | None, level: str = "extended",
     """The rule, on `graph` and (on copies) inside its If / Loop / Scan bodies."""
     rewrites = _fuse_here(graph, release, consts or {})
 
-    def here(name: str) -> np.ndarray | None:
-        vid = graph.by_name.get(name)
-        if vid is None:
-            return None if outer is None else outer(name)
-        if vid in graph.initializers:
-            return graph.initializers[vid]
-        return outer(name) if outer is not None and vid in graph.outer_inputs else None
-
-    for i, node in enumerate(graph.nodes):
-        if not node.subgraphs:
-            continue
-        changed = {}
-        for attr, body in node.subgraphs.items():
-            copy = dataclasses.replace(body, values=list(body.values), nodes=list(body.nodes),
-                                       initializers=dict(body.initializers), by_name=dict(body.by_name),
-                                       opsets=dict(body.opsets))
-            inner = {vid: a for vid in body.outer_inputs if (a := here(body.values[vid].name)) is not None}
-            inner.update({n.outputs[0]: n.attrs["value"] for n in body.nodes
-                          if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1
-                          and isinstance(n.attrs.get("value"), np.ndarray)})
-            found = fuse_attention(copy, None, level, here, inner)
-            if found:
-                copy.nodes = [dataclasses.replace(n, index=k) for k, n in enumerate(copy.nodes)]
-                changed[attr] = copy
-                rewrites += found
-        if changed:
-            graph.nodes[i] = dataclasses.replace(node, subgraphs={**node.subgraphs, **changed})
-    return rewrites
+    return rewrites + in_bodies(graph, outer, lambda copy, here, inner: fuse_attention(copy, None, level, here, inner))
 
 
 RULES = [fuse_attention]

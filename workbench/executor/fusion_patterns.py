@@ -29,16 +29,24 @@ onnxruntime running the unfused graph (tests/test_fusion_patterns.py).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from .graph_edit import Rewrite, ensure_opset, make_node, producers, readers, replace_nodes
+from .graph_edit import (
+    MatchContext,
+    Rewrite,
+    ensure_opset,
+    in_bodies,
+    make_node,
+    producers,
+    read_values,
+    readers,
+    replace_nodes,
+)
 
 MS_DOMAIN = "com.microsoft"
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -48,21 +56,8 @@ _EXACT = (_F32, _F64)
 _CONST_RTOL = 1e-6
 
 
-@dataclass
-class _Ctx:
-    graph: Graph
-    read_by: dict
-    made_by: dict
-    outputs: set
-    #: constants that are not this graph's initializers: in a subgraph, the enclosing
-    #: scopes' initializers it reads and its own Constant nodes' values
-    consts: dict = field(default_factory=dict)
-    #: ids of the nodes fused away in this pass
-    gone: set = field(default_factory=set)
-
-    def const(self, vid: int) -> np.ndarray | None:
-        array = self.graph.initializers.get(vid)
-        return self.consts.get(vid) if array is None else array
+class _Ctx(MatchContext):
+    """The match context, with the dtype / shape lookups the pattern chains need."""
 
     def dtype(self, vid: int) -> np.dtype | None:
         return self.graph.values[vid].dtype
@@ -487,51 +482,22 @@ def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended
     that defines it, and only an initializer there counts as a constant. A Constant
     node a fusion leaves unread is dropped with it."""
 
-    def here(name: str) -> np.ndarray | None:
-        vid = graph.by_name.get(name)
-        if vid is None:
-            return None if outer is None else outer(name)
-        if vid in graph.initializers:
-            return graph.initializers[vid]
-        return outer(name) if outer is not None and vid in graph.outer_inputs else None
+    def rewrite_body(copy: Graph, here, consts: dict) -> list[Rewrite]:
+        read_before = read_values(copy)
+        found: list[Rewrite] = []
+        for rule in PATTERN_RULES:
+            found += rule(copy, None, level, consts)
+        found += fuse_in_subgraphs(copy, None, level, here)
+        if found:
+            found += _drop_unread_constants(copy, read_before)
+        return found
 
-    rewrites: list[Rewrite] = []
-    for i, node in enumerate(graph.nodes):
-        if not node.subgraphs:
-            continue
-        changed = {}
-        for attr, body in node.subgraphs.items():
-            copy = dataclasses.replace(body, values=list(body.values), nodes=list(body.nodes),
-                                       initializers=dict(body.initializers), by_name=dict(body.by_name),
-                                       opsets=dict(body.opsets))
-            consts = {vid: a for vid in body.outer_inputs if (a := here(body.values[vid].name)) is not None}
-            consts.update({n.outputs[0]: n.attrs["value"] for n in body.nodes
-                           if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1
-                           and isinstance(n.attrs.get("value"), np.ndarray)})
-            read_before = _read_values(copy)
-            found: list[Rewrite] = []
-            for rule in PATTERN_RULES:
-                found += rule(copy, None, level, consts)
-            found += fuse_in_subgraphs(copy, None, level, here)
-            if found:
-                found += _drop_unread_constants(copy, read_before)
-                copy.nodes = [dataclasses.replace(n, index=k) for k, n in enumerate(copy.nodes)]
-                changed[attr] = copy
-                rewrites += found
-        if changed:
-            graph.nodes[i] = dataclasses.replace(node, subgraphs={**node.subgraphs, **changed})
-    return rewrites
+    return in_bodies(graph, outer, rewrite_body)
 
-
-def _read_values(graph: Graph) -> set[int]:
-    read = set(graph.outputs)
-    for node in graph.nodes:
-        read.update(v for v in (*node.inputs, *node.captures) if v >= 0)
-    return read
 
 
 def _drop_unread_constants(graph: Graph, read_before: set[int]) -> list[Rewrite]:
-    read = _read_values(graph)
+    read = read_values(graph)
     dead = [n for n in graph.nodes if n.op_type == "Constant" and not n.domain
             and all(o in read_before and o not in read for o in n.outputs)]
     gone = {id(n) for n in dead}

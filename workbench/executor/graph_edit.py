@@ -7,7 +7,9 @@ nodes get unique names, consistent ids and the shapes the plan needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,34 @@ def readers(graph: Graph) -> dict[int, list[tuple[Node, int]]]:
         for vid in node.captures:
             out.setdefault(vid, []).append((node, -1))
     return out
+
+
+def read_values(graph: Graph) -> set[int]:
+    """Every value some node (or subgraph capture) reads, and the graph's outputs."""
+    read = set(graph.outputs)
+    for node in graph.nodes:
+        read.update(v for v in (*node.inputs, *node.captures) if v >= 0)
+    return read
+
+
+@dataclass
+class MatchContext:
+    """What a pattern rule consults while it matches chains in one graph."""
+
+    graph: Graph
+    read_by: dict
+    made_by: dict
+    outputs: set
+    #: constants that are not this graph's initializers: in a subgraph, the enclosing
+    #: scopes' initializers it reads and its own Constant nodes' values
+    consts: dict = field(default_factory=dict)
+    #: ids of the nodes fused away in this pass
+    gone: set = field(default_factory=set)
+
+    def const(self, vid: int) -> np.ndarray | None:
+        array = self.graph.initializers.get(vid)
+        array = self.consts.get(vid) if array is None else array
+        return array if isinstance(array, np.ndarray) else None
 
 
 def producers(graph: Graph) -> dict[int, Node]:
@@ -95,3 +125,51 @@ def replace_nodes(graph: Graph, old: list[Node], new: list[Node]) -> None:
 def ensure_opset(graph: Graph, domain: str, version: int = 1) -> None:
     """A fusion that emits a contrib op makes sure the graph imports its domain."""
     graph.opsets.setdefault(domain, version)
+
+
+#: a constant by value name in an enclosing scope (None: not a constant there)
+Lookup = Callable[[str], "np.ndarray | None"]
+#: rewrites a body copy given the enclosing scopes' lookup and the body's own constants
+BodyRewrite = Callable[[Graph, Lookup, dict], list[Rewrite]]
+
+
+def copy_graph(graph: Graph) -> Graph:
+    """A copy whose node, value, initializer, name and opset tables can be edited
+    without touching `graph` (the arrays and nodes themselves are shared)."""
+    return dataclasses.replace(graph, values=list(graph.values), nodes=list(graph.nodes),
+                               initializers=dict(graph.initializers), by_name=dict(graph.by_name),
+                               opsets=dict(graph.opsets))
+
+
+def in_bodies(graph: Graph, outer: Lookup | None, rewrite: BodyRewrite) -> list[Rewrite]:
+    """`rewrite` run on a copy of every If / Loop / Scan body of `graph`; a node whose
+    body changed gets the copy (the loaded graph stays as it was). A body's constants
+    are its Constant nodes and the enclosing graphs' initializers it reads by name (a
+    name resolves in the nearest scope that defines it; only an initializer there is a
+    constant)."""
+
+    def here(name: str) -> np.ndarray | None:
+        vid = graph.by_name.get(name)
+        if vid is None:
+            return None if outer is None else outer(name)
+        if vid in graph.initializers:
+            return graph.initializers[vid]
+        return outer(name) if outer is not None and vid in graph.outer_inputs else None
+
+    rewrites: list[Rewrite] = []
+    for i, node in enumerate(graph.nodes):
+        changed = {}
+        for attr, body in node.subgraphs.items():
+            copy = copy_graph(body)
+            consts = {vid: a for vid in body.outer_inputs if (a := here(body.values[vid].name)) is not None}
+            consts.update({n.outputs[0]: n.attrs["value"] for n in body.nodes
+                           if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1
+                           and isinstance(n.attrs.get("value"), np.ndarray)})
+            found = rewrite(copy, here, consts)
+            if found:
+                copy.nodes = [dataclasses.replace(n, index=k) for k, n in enumerate(copy.nodes)]
+                changed[attr] = copy
+                rewrites += found
+        if changed:
+            graph.nodes[i] = dataclasses.replace(node, subgraphs={**node.subgraphs, **changed})
+    return rewrites

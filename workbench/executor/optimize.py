@@ -32,7 +32,7 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
-from .graph_edit import Rewrite, readers
+from .graph_edit import Rewrite, copy_graph, read_values, readers
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
 
@@ -61,9 +61,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph,
     never holds two copies of the model)."""
     if check_level(level) == "disabled":
         return graph, []
-    out = dataclasses.replace(graph, values=list(graph.values), nodes=list(graph.nodes),
-                              initializers=dict(graph.initializers), by_name=dict(graph.by_name),
-                              opsets=dict(graph.opsets))
+    out = copy_graph(graph)
     rewrites = _fold_constants(out)
     rewrites += _drop_dead_nodes(out)
     rewrites += _drop_unused_initializers(out)
@@ -162,17 +160,10 @@ def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
     return rewrites
 
 
-def _readers(graph: Graph) -> set[int]:
-    read = set(graph.outputs)
-    for node in graph.nodes:
-        read.update(i for i in (*node.inputs, *node.captures) if i >= 0)
-    return read
-
-
 def _drop_dead_nodes(graph: Graph) -> list[Rewrite]:
     rewrites = []
     while True:
-        read = _readers(graph)
+        read = read_values(graph)
         dead = [n for n in graph.nodes if not any(o >= 0 and o in read for o in n.outputs)]
         if not dead:
             return rewrites
@@ -182,7 +173,7 @@ def _drop_dead_nodes(graph: Graph) -> list[Rewrite]:
 
 
 def _drop_unused_initializers(graph: Graph) -> list[Rewrite]:
-    read = _readers(graph)
+    read = read_values(graph)
     unused = [vid for vid in graph.initializers if vid not in read]
     rewrites = []
     for vid in unused:
