@@ -245,7 +245,7 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
 
             # the search box: every tab jumps to the node
             search = wb.locator(".wb-search input")
-            search.fill("repeat_kv/Expand")
+            search.fill("self_attn/MaskedSoftmaxAttention")
             search.press("Enter")
             expect(wb.locator(".wb-search-label")).to_contain_text("→ #", timeout=20_000)
             found = int(re.search(r"#(\d+)", wb.locator(".wb-search-label").inner_text()).group(1))
