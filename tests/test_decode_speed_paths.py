@@ -10,9 +10,10 @@ each run against onnxruntime.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session as _ort
+from oracles import tensor as _tensor
 
 import workbench
 import workbench.ops.contrib_attention as contrib_attention
@@ -20,16 +21,6 @@ from workbench import SessionOptions
 
 RUNS = 8
 OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-
-
-def _tensor(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _close(got, want, run, what):

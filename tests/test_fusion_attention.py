@@ -13,9 +13,9 @@ onnxruntime's greedy tokens.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session as _ort
 
 import workbench
 from workbench import SessionOptions, models
@@ -31,12 +31,6 @@ def _attention_rule(monkeypatch):
     """The rule runs in this module's sessions whether or not `fusion.RULES` lists it."""
     if fusion_attention.fuse_attention not in fusion.RULES:
         monkeypatch.setattr(fusion, "RULES", [*fusion.RULES, fusion_attention.fuse_attention])
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _c(name, value, dtype):

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session as _ort
+from oracles import tensor as _tensor
 
 import workbench
 from workbench import SessionOptions, models
@@ -25,18 +26,8 @@ RUNS = 8
 F32 = TensorProto.FLOAT
 
 
-def _tensor(name, shape, elem=F32):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
 def _const(name, value, dtype=np.float32):
     return numpy_helper.from_array(np.array(value, dtype), name)
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _model(nodes, inputs, outputs, inits, opset, ms=False):

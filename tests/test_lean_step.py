@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from oracles import ort_session as _ort
+from oracles import tensor as _tensor
 
 import workbench
 from workbench import Generator, SessionOptions, models
@@ -26,16 +28,6 @@ from workbench.executor.views import address, storage_root
 RUNS = 8
 OPSET = [helper.make_opsetid("", 17)]
 PROMPT = [3, 7, 11, 5]
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _tensor(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def _forget(session):
@@ -238,7 +230,7 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
 def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
     """CPython hands a freed object's id to the next one of its size: a view of another
     buffer created right after must get its own address and root, not the dead one's."""
-    from workbench.executor.capture_runner import KnownAddresses
+    from workbench.executor.views import KnownAddresses
 
     known = KnownAddresses()
     first, second = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)

@@ -11,9 +11,10 @@ onnxruntime or numpy — never against another mechanism of ours.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session as _ort
+from oracles import tensor as _tensor
 
 import workbench
 from workbench import RunOptions, SessionOptions
@@ -30,16 +31,6 @@ def _model(nodes, inputs, outputs, initializers=(), opset=OPSET):
 def _options(**kw):
     kw.setdefault("decode_memo_verify", False)  # the default a user gets
     return SessionOptions(**kw)
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _tensor(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def _assert_exact(got, want, run, what=""):

@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session as _ort
 
 import workbench
 from workbench import SessionOptions
@@ -33,12 +34,6 @@ def _tied_embedding_model(vocab=64, hidden=16):
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", vocab])],
                               [lm_head, unused])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def _ort(model):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("level", ["all", "basic", "disabled"])

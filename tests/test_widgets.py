@@ -351,13 +351,12 @@ def test_each_view_stands_alone_and_redraws_when_its_step_control_moves(decoded,
     view.controls.prev_btn.click()
     assert view.cursor.step == len(decoded) - 2
     assert view.controls.label.value != label and f"step {len(decoded) - 2}" in view.controls.label.value
-    after = [_figure_json(f) for f in figures]
     # two late decode steps can draw alike (with attention fused, llama's only views are
     # the same from step to step); the prefill never draws like a decode step
     view.controls.slider.value = 0
     assert view.cursor.step == 0 and "step 0" in view.controls.label.value
     first = [_figure_json(f) for f in figures]
-    assert before != first and (after == before or after != first), f"{name} did not redraw for the new step"
+    assert before != first, f"{name} did not redraw for the new step"
 
 
 def _walk(w):

@@ -32,71 +32,9 @@ from .capture import (
     node_decline,
     segment_plan,
 )
-from .views import address, storage_root
 
 #: columns of a capture_segments row (after step)
 SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
-
-
-class KnownAddresses:
-    """Data addresses of the arrays seen this step and the last, by object.
-
-    Reading an array's address goes through `__array_interface__` (a dict built per
-    call); a decode step asks again for the same buffers every step. The very same
-    array object with the same nbytes is where it was: its data pointer only moves
-    when it is resized in place (numpy `ndarray.resize`, which changes its size; a
-    CuPy array never moves). Entries hold weak references, so nothing is kept alive,
-    and an id reused by a new object never matches; only two steps are kept.
-    """
-
-    __slots__ = ("_last", "_now", "_roots_last", "_roots_now")
-
-    def __init__(self) -> None:
-        self._last: dict[int, tuple] = {}
-        self._now: dict[int, tuple] = {}
-        self._roots_last: dict[int, tuple] = {}
-        self._roots_now: dict[int, tuple] = {}
-
-    def address(self, arr: Any) -> int:
-        key = id(arr)
-        entry = self._now.get(key) or self._last.get(key)
-        nbytes = arr.nbytes
-        if entry is None or entry[0]() is not arr or entry[1] != nbytes:
-            try:
-                entry = (weakref.ref(arr), nbytes, address(arr))
-            except TypeError:  # no weak references to it: read its address every time
-                return address(arr)
-        self._now[key] = entry
-        return entry[2]
-
-    def where(self, arr: Any) -> tuple[int, int, int]:
-        """(address, root address, root nbytes) of `arr` and of the array at the bottom
-        of its view chain (`storage_root`). An object's `.base` chain is fixed, so the
-        same object has the same root; the root is checked like `arr` itself."""
-        key = id(arr)
-        entry = self._roots_now.get(key) or self._roots_last.get(key)
-        if entry is not None and entry[0]() is arr and entry[1] == arr.nbytes:
-            root = entry[2]()
-            if root is not None and root.nbytes == entry[3]:
-                self._roots_now[key] = entry
-                return entry[4]
-        root = storage_root(arr)
-        root_nbytes = int(getattr(root, "nbytes", arr.nbytes))
-        found = (self.address(arr), self.address(root) if hasattr(root, "nbytes") else address(root), root_nbytes)
-        try:
-            self._roots_now[key] = (weakref.ref(arr), arr.nbytes, weakref.ref(root), root_nbytes, found)
-        except TypeError:
-            pass
-        return found
-
-    def next_step(self) -> None:
-        """Forget what was seen before the last step."""
-        self._roots_last, self._roots_now = self._roots_now, {}
-        self._last, self._now = self._now, {}
-
-    def clear(self) -> None:
-        for d in (self._last, self._now, self._roots_last, self._roots_now):
-            d.clear()
 
 
 class CaptureRunner:
@@ -109,8 +47,8 @@ class CaptureRunner:
         self.replayed_nodes: list[int] = []
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
-        #: addresses of arrays read this step and the last (the executor moves it on per run)
-        self.addresses = KnownAddresses()
+        #: the executor's addresses of arrays read this step and the last
+        self.addresses = executor.addresses
         #: (slot, segment) -> (captured graph, (weakref, dtype) of each input its last check saw)
         self._bindings_seen: dict[tuple, tuple] = {}
         #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)

@@ -28,7 +28,7 @@ from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
 from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
-from .views import address, is_view_of
+from .views import KnownAddresses, address, is_view_of
 
 
 @dataclass
@@ -81,9 +81,9 @@ class Executor(DecodeMemoSteps):
         self.jit_forced: set[int] = set()
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
-        self.capture_runner = CaptureRunner(self)
         #: addresses of the arrays this step and the last read (staleness checks, views, io rows)
-        self.addresses = self.capture_runner.addresses
+        self.addresses = KnownAddresses()
+        self.capture_runner = CaptureRunner(self)
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
         # per-run scratch (reset at the start of every run)
