@@ -1,4 +1,5 @@
-"""Weights at load: external data is memory-mapped, embedded data is viewed, nothing
+"""Weights at load: external data and a model file's embedded weights are memory-mapped,
+embedded bytes are viewed, nothing
 is copied back into a proto, the caller's ModelProto is never changed — and the model
 still decodes token-exact against onnxruntime."""
 
@@ -6,11 +7,17 @@ from __future__ import annotations
 
 import mmap
 
+import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import workbench
-from workbench import Generator, models
+from workbench import Generator, ModelLoadError, models
+from workbench.ir.loader import LARGE_INITIALIZER
+from workbench.ir.wire import lift_weights
 
 
 def _root(a):
@@ -65,3 +72,105 @@ def test_embedded_weights_are_viewed_and_the_callers_proto_is_untouched():
                {session.graph.values[v].name for v, a in session.graph.initializers.items() if a.nbytes > 4096}), \
         "the session's proto keeps dims only"
     _decode_both(before, before)
+
+
+def test_embedded_weights_in_a_model_file_are_mapped_from_it(tmp_path):
+    model = models.llama("tiny", flavor="genai")
+    path = tmp_path / "model.onnx"
+    onnx.save_model(model, path)  # weights embedded in the one file
+    session = workbench.InferenceSession(str(path), workbench.SessionOptions(graph_optimization_level="basic"))
+    big = _big_initializers(session)
+    assert big and all(isinstance(_root(a), mmap.mmap) for a in big), "mapped from the file, never parsed"
+    assert not any(a.flags.writeable for a in big)
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    for vid, a in session.graph.initializers.items():
+        np.testing.assert_array_equal(a, stored[session.graph.values[vid].name])
+    assert all(not t.raw_data for t in session.model_proto.graph.initializer if t.name in
+               {session.graph.values[v].name for v, a in session.graph.initializers.items() if a.nbytes > 4096})
+    _decode_both(str(path), str(path))
+
+
+def _odd_initializers_model() -> onnx.ModelProto:
+    """Big initializers the lift must hand back to protobuf (bfloat16, one inside an If
+    branch) next to plain ones, small ones and typed float_data."""
+    rng = np.random.default_rng(3)
+    plain = numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "plain")
+    small = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "small")
+    typed = helper.make_tensor("typed", TensorProto.FLOAT, [2048], rng.standard_normal(2048).tolist())
+    bits = (rng.standard_normal((64, 48)).astype(np.float32).view(np.uint32) >> 16).astype("<u2")
+    bf16 = helper.make_tensor("bf16", TensorProto.BFLOAT16, [64, 48], bits.tobytes(), raw=True)
+    inner = numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "inner")
+    branch = helper.make_graph([helper.make_node("Add", ["plain", "inner"], ["b_out"])], "then", [],
+                               [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [64, 48])], [inner])
+    other = helper.make_graph([helper.make_node("Identity", ["plain"], ["o_out"])], "else", [],
+                              [helper.make_tensor_value_info("o_out", TensorProto.FLOAT, [64, 48])])
+    nodes = [
+        helper.make_node("Cast", ["bf16"], ["bf16_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "plain"], ["m"]),
+        helper.make_node("Add", ["m", "bf16_f"], ["a"]),
+        helper.make_node("If", ["flag"], ["picked"], then_branch=branch, else_branch=other),
+        helper.make_node("Add", ["a", "picked"], ["s"]),
+        helper.make_node("ReduceSum", ["s"], ["r"], keepdims=0),
+        helper.make_node("Mul", ["r", "small"], ["y0"]),
+        helper.make_node("ReduceSum", ["typed"], ["t"], keepdims=0),
+        helper.make_node("Add", ["y0", "t"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 48]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [plain, small, typed, bf16])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_unusual_embedded_initializers_in_a_file_match_onnx_reference(tmp_path):
+    path = tmp_path / "odd.onnx"
+    onnx.save_model(_odd_initializers_model(), path)
+    session = workbench.InferenceSession(str(path), workbench.SessionOptions(graph_optimization_level="disabled"))
+    plain = session.graph.initializers[session.graph.by_name["plain"]]
+    assert isinstance(_root(plain), mmap.mmap), "the plain float weight is mapped"
+    oracle = ReferenceEvaluator(str(path))
+    x = np.empty((64, 48), np.float32)  # one buffer, new contents every run
+    rng = np.random.default_rng(0)
+    for run in range(6):
+        x[...] = rng.standard_normal((64, 48))
+        flag = np.array(run % 2 == 0)
+        (got,) = session.run(None, {"x": x, "flag": flag})
+        (want,) = oracle.run(None, {"x": x, "flag": flag})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_wire_lift_reassembles_the_model_protobuf_would_parse():
+    model = _odd_initializers_model()
+    data = model.SerializeToString()
+    stripped, lifted = lift_weights(memoryview(data), LARGE_INITIALIZER)
+    parsed = onnx.ModelProto.FromString(stripped)
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    by_index = {item.index: item for item in lifted}
+    for i, t in enumerate(expected.graph.initializer):
+        if i in by_index:
+            item = by_index[i]
+            assert data[item.offset:item.offset + item.length] == t.raw_data
+            t.ClearField("raw_data")
+    assert parsed == expected
+    assert {expected.graph.initializer[i].name for i in by_index} == {"plain", "bf16"}, \
+        "raw_data over the threshold only, main graph only (typed float_data is not raw_data)"
+    assert lift_weights(memoryview(data[:-3]), LARGE_INITIALIZER) is None, "truncated: left to protobuf"
+    assert lift_weights(memoryview(b"\x3a\xff\xff\xff\xff\x0f" + data), LARGE_INITIALIZER) is None
+
+
+def test_a_truncated_or_inconsistent_model_file_is_refused_clearly(tmp_path):
+    data = _odd_initializers_model().SerializeToString()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="cut.onnx"):
+        workbench.InferenceSession(str(cut))
+    model = _odd_initializers_model()
+    w = model.graph.initializer[0]
+    w.raw_data = w.raw_data[:-8]
+    short = tmp_path / "short.onnx"
+    onnx.save_model(model, short)
+    with pytest.raises(ModelLoadError, match=r"initializer 'plain' has dims \[64, 48\].*stores 12280 bytes"):
+        workbench.InferenceSession(str(short))

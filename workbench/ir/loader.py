@@ -7,6 +7,7 @@ from the model, and external-data locations must stay inside the model's folder.
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import stat
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from ..errors import ModelLoadError
 from .contrib_schemas import contrib_shape_inference
 from .graph import Graph, Node, Value
 from .validate import check_model, check_strings
+from .wire import LiftedBytes, lift_weights
 
 
 def read_model(model: Any, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
@@ -31,6 +33,7 @@ def read_model(model: Any, weights: dict[str, np.ndarray] | None = None) -> onnx
     Main-graph initializers kept in external files are memory-mapped read-only into
     `weights` (name -> array) instead of being read into the proto: no copy at load,
     and pages are read as kernels touch them."""
+    lifted: list[LiftedBytes] = []
     if isinstance(model, onnx.ModelProto):
         proto, base_dir = onnx.ModelProto(), None
         proto.CopyFrom(model)  # loading moves weights out of the proto: never the caller's
@@ -38,18 +41,66 @@ def read_model(model: Any, weights: dict[str, np.ndarray] | None = None) -> onnx
         proto, base_dir = _parse_bytes(bytes(model), "<bytes>"), None
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise ModelLoadError(f"cannot read model file {str(path)!r}: {e.strerror or e}") from None
-        proto, base_dir = _parse_bytes(data, str(path)), path.resolve().parent
+        proto, lifted = _read_model_file(path)
+        base_dir = path.resolve().parent
     else:
         raise ModelLoadError(
             f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}"
         )
+    weights = {} if weights is None else weights
     check_strings(proto)  # before anything reads a name or an external-data location
-    _load_external_data(proto, base_dir, {} if weights is None else weights)
+    _load_external_data(proto, base_dir, weights)
+    if lifted:
+        _map_lifted(path, proto, lifted, weights)
     return proto
+
+
+def _read_model_file(path: Path) -> tuple[onnx.ModelProto, list[LiftedBytes]]:
+    """The model file parsed without its large embedded weights (`wire.lift_weights`:
+    they are mapped from the file afterwards), or parsed whole where that does not apply."""
+    lifted: list[LiftedBytes] = []
+    try:
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+                data = f.read()
+            else:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as whole:
+                    view = memoryview(whole)
+                    try:
+                        found = lift_weights(view, LARGE_INITIALIZER)
+                        data, lifted = found if found is not None else (bytes(view), [])
+                    finally:
+                        view.release()  # the map closes with no view of it left
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read model file {str(path)!r}: {getattr(e, 'strerror', None) or e}"
+                             ) from None
+    return _parse_bytes(data, str(path)), lifted
+
+
+def _map_lifted(path: Path, proto: onnx.ModelProto, lifted: list[LiftedBytes],
+                weights: dict[str, np.ndarray]) -> None:
+    """Lifted initializers become read-only maps of the model file (as external data
+    is mapped); one that is no plain array (bfloat16, packed int4, a segment, a
+    repeated name) gets its bytes back into the proto, as a plain parse would have."""
+    initializers = proto.graph.initializer
+    with open(path, "rb") as f:
+        for item in lifted:
+            t = initializers[item.index]
+            if external_data_helper.uses_external_data(t):
+                continue  # external data wins over raw_data, as onnx loads it
+            dtype = _plain_dtype(t.data_type)
+            if dtype is None or t.HasField("segment") or t.name in weights:
+                f.seek(item.offset)
+                t.raw_data = f.read(item.length)
+                continue
+            dims = _checked_dims(t, dtype, item.length)
+            try:
+                weights[t.name] = np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=item.offset,
+                                                       shape=dims))
+            except (OSError, ValueError) as e:
+                raise ModelLoadError(f"initializer {t.name!r}: cannot map it from {str(path)!r}: {e}") from None
+            _mark_set_aside(t)
 
 
 def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
@@ -261,16 +312,28 @@ def _set_weights_aside(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -
         raw = t.raw_data  # protobuf hands out a copy on every access: take it once
         if len(raw) <= LARGE_INITIALIZER:
             continue
-        dims = tuple(t.dims)
-        want = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize if all(d >= 0 for d in dims) else -1
-        if len(raw) != want:  # the check validation would make, before the bytes leave the proto
-            raise ModelLoadError(f"initializer {t.name!r} has dims {list(dims)} ({want} bytes of {dtype}) "
-                                 f"but stores {len(raw)} bytes of raw_data")
+        dims = _checked_dims(t, dtype, len(raw))
         weights[t.name] = np.frombuffer(raw, dtype=dtype).reshape(dims)  # a read-only view, no copy
         t.ClearField("raw_data")
-        t.data_location = onnx.TensorProto.EXTERNAL  # dims only; never read from here
-        entry = t.external_data.add()
-        entry.key, entry.value = "location", SET_ASIDE
+        _mark_set_aside(t)
+
+
+def _checked_dims(t: onnx.TensorProto, dtype: np.dtype, nbytes: int) -> tuple[int, ...]:
+    """The tensor's dims, checked against its `nbytes` of raw data (the check validation
+    would make, before the bytes leave the proto)."""
+    dims = tuple(t.dims)
+    want = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize if all(d >= 0 for d in dims) else -1
+    if nbytes != want:
+        raise ModelLoadError(f"initializer {t.name!r} has dims {list(dims)} ({want} bytes of {dtype}) "
+                             f"but stores {nbytes} bytes of raw_data")
+    return dims
+
+
+def _mark_set_aside(t: onnx.TensorProto) -> None:
+    """The proto keeps the tensor's dims only; its values live in the loader's weights."""
+    t.data_location = onnx.TensorProto.EXTERNAL  # never read from here
+    entry = t.external_data.add()
+    entry.key, entry.value = "location", SET_ASIDE
 
 
 def opset_map(proto: onnx.ModelProto) -> dict[str, int]:
