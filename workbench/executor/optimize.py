@@ -11,6 +11,8 @@ file and why:
 - ``unused_initializer``: weights nothing reads any more, released.
 - ``matvec_layout`` (level ``all``): weights only MatMul reads as B stored column-major,
   the layout one-token matrix-vector products read fastest.
+- ``matvec_threads`` (level ``all``, `matvec_threads.py`): a weight just under OpenBLAS's
+  threading threshold padded with zero columns past it, a Slice taking the real ones.
 
 Levels (named as onnxruntime's `GraphOptimizationLevel`): ``disabled``; ``basic``
 makes the rewrites above; ``extended`` and ``all`` also fold shape arithmetic at run
@@ -33,6 +35,7 @@ from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
 from .graph_edit import Rewrite, copy_graph, read_values, readers
+from .matvec_threads import pad_for_threads
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
 
@@ -68,6 +71,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph,
     if level in ("extended", "all"):
         rewrites += fuse(out, graph.initializers if release else None, level)
     if level == "all":
+        rewrites += pad_for_threads(out, graph.initializers if release else None)
         rewrites += _matvec_layout(out, graph.initializers if release else None)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
     return out, rewrites

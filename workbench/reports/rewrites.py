@@ -21,6 +21,8 @@ REWRITE_RULES = {
     "dead_node": "removed: its outputs feed nothing",
     "unused_initializer": "initializer dropped: nothing reads it",
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
+    "matvec_threads": "kept, its weight padded with zero columns so OpenBLAS runs it on every core; "
+                      "a Slice (a view) takes the real columns",
     "matmul_siblings": "fused: MatMuls of one input, weights concatenated into one MatMul + Split",
     "rms_norm": "fused: RMSNorm written out op by op, as one SimplifiedLayerNormalization",
     "layer_norm": "fused: LayerNorm written out op by op, as one LayerNormalization",

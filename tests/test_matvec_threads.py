@@ -1,0 +1,100 @@
+"""Rule `matvec_threads` (level "all"): weights just under OpenBLAS's threading threshold
+padded with zero columns, a Slice taking the real ones back. It changes how a product
+is computed (on both cores), never its value: checked against onnxruntime run after
+run on one input buffer, and by a token-exact decode of a SmolLM2-shaped llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from oracles import ort_session, tensor
+
+import workbench
+import workbench.executor.matvec_threads as matvec_threads
+from workbench import Generator, SessionOptions, models
+
+RUNS = 8
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """The rule as on a multi-core OpenBLAS machine, whatever this one's BLAS."""
+    monkeypatch.setattr(matvec_threads, "openblas_threads_available", lambda: True)
+
+
+def test_which_weights_are_padded_and_to_what_width():
+    assert matvec_threads.padded_width(576, 576) == 801  # 576 x 801 = 461,376: past 460,800
+    assert matvec_threads.padded_width(576, 799) == 801
+    assert matvec_threads.padded_width(576, 800) is None, "460,800 itself is threaded"
+    assert matvec_threads.padded_width(576, 801) is None, "already threaded"
+    assert matvec_threads.padded_width(576, 960) is None
+    assert matvec_threads.padded_width(576, 400) is None, "would stream 2x the bytes for 2x bandwidth"
+    assert matvec_threads.padded_width(64, 64) is None
+
+
+def test_no_padding_where_openblas_has_one_thread(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert not matvec_threads.openblas_threads_available()
+    session = workbench.InferenceSession(_model(rows=1))
+    assert session.recording.rewrites().query("rule == 'matvec_threads'").empty
+
+
+def _model(rows: int):
+    """x [1, rows, 576] -> MatMul(w_o, 576x576) -> Add -> MatMul(w_o again) and
+    MatMul(w_big, 576x960, over the threshold), then elementwise consumers of each
+    (strided Slice views when rows > 1)."""
+    rng = np.random.default_rng(5)
+    w_o = numpy_helper.from_array((rng.standard_normal((576, 576)) * 0.05).astype(np.float32), "w_o")
+    w_big = numpy_helper.from_array((rng.standard_normal((576, 960)) * 0.05).astype(np.float32), "w_big")
+    bias = numpy_helper.from_array(rng.standard_normal(576).astype(np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_o"], ["a"]),
+         helper.make_node("Add", ["a", "bias"], ["a_b"]),
+         helper.make_node("MatMul", ["a_b", "w_o"], ["b"]),
+         helper.make_node("MatMul", ["x", "w_big"], ["c"]),
+         helper.make_node("Mul", ["b", "b"], ["b_sq"]),
+         helper.make_node("ReduceSum", ["c"], ["c_sum"], keepdims=0)],
+        "pad", [tensor("x", [1, rows, 576])],
+        [tensor("a", [1, rows, 576]), tensor("b_sq", [1, rows, 576]), tensor("c_sum", [])],
+        [w_o, w_big, bias])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
+    model = _model(rows)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    padded = session.recording.rewrites().query("rule == 'matvec_threads'")
+    assert len(padded) == 1 and len(padded.original_nodes.iloc[0]) == 2, "w_o padded once for both readers"
+    ops = [n.op_type for n in session.graph.nodes]
+    assert ops.count("Slice") == 2 and ops.count("MatMul") == 3
+    wide = session.graph.initializers[session.graph.by_name[padded.result.iloc[0]]]
+    assert wide.shape == (576, 801) and not wide[:, 576:].any()
+    oracle = ort_session(model)
+    rng = np.random.default_rng(9)
+    x = np.empty((1, rows, 576), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        got = session.run(None, {"x": x})
+        want = oracle.run(None, {"x": x.copy()})
+        for g, w, name in zip(got, want, ("a", "b_sq", "c_sum"), strict=True):
+            assert g.shape == w.shape, name
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+def test_smollm2_shaped_llama_decodes_token_exact_with_padded_projections(threads):
+    """SmolLM2's widths (hidden 576, 9 heads, 3 KV heads): the attention output projection
+    is padded (and this small vocabulary's lm_head); every mode decodes the same tokens as onnxruntime."""
+    model = models.llama("tiny", flavor="genai", hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
+                         num_layers=2, vocab=512)
+    peer = ort_session(model)
+    want = Generator(peer).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv="fixed").tokens
+    for options in (SessionOptions(), SessionOptions(capture=False, decode_memo=False)):
+        session = workbench.InferenceSession(model.SerializeToString(), options)
+        rewrites = session.recording.rewrites()
+        padded = {n for nodes in rewrites.query("rule == 'matvec_threads'").original_nodes for n in nodes}
+        assert {"/model/layers.0/attn/o_proj/MatMul", "/model/layers.1/attn/o_proj/MatMul"} <= padded
+        for kv in ("fixed", "growing"):
+            got = Generator(session).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv)
+            assert got.tokens == want, (kv, options)

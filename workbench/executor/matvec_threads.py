@@ -1,0 +1,97 @@
+"""Level "all": weights padded past OpenBLAS's threading threshold (rule `matvec_threads`).
+
+OpenBLAS computes a matrix-vector product on one thread while m * n < 460,800
+(115,200 times its GEMM_MULTITHREAD_THRESHOLD of 4). One-token decode streams every
+weight from memory, so a weight just under that size runs at one core's bandwidth:
+measured on this project's 2-core machine with weights out of cache, 576x790 at
+10 GB/s and 576x810 at 20 GB/s; SmolLM2's 576x576 attention output projection 130 ->
+95 us, thirty times a token.
+
+The rule gives such a weight (read only by MatMul, as B) zero columns up to the first
+width over the threshold and has a Slice take the real columns back: a zero-copy view,
+contiguous for one token. A zero column adds nothing to the others; each output is
+still one dot product of the same row and column, so values move at most within the
+float rounding of the BLAS kernel's blocking. Only where that pays: numpy's BLAS is
+OpenBLAS with more than one thread, float32, and the padding adds at most 60%.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from ..ir.graph import Graph
+from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers
+
+#: OpenBLAS's sgemv runs single-threaded below this many matrix elements
+SINGLE_THREAD_BELOW = 460_800
+#: the most a padded weight may grow (bytes streamed per product, for twice the bandwidth)
+MAX_GROWTH = 1.6
+
+
+def openblas_threads_available() -> bool:
+    """Whether numpy's BLAS is OpenBLAS and may use more than one thread."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name = str(blas.get("name", "")) + str(blas.get("openblas configuration", ""))
+    except Exception:  # noqa: BLE001 - an unusual numpy build: no padding
+        return False
+    if "openblas" not in name.lower():
+        return False
+    for var in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(var):  # OpenBLAS reads the first one set
+            return os.environ[var].strip() not in ("0", "1")
+    return len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) > 1
+
+
+def padded_width(rows: int, cols: int) -> int | None:
+    """The width to pad a rows x cols float32 weight to, or None when it should stay."""
+    if rows * cols >= SINGLE_THREAD_BELOW:
+        return None
+    width = SINGLE_THREAD_BELOW // rows + 1
+    return width if width <= MAX_GROWTH * cols else None
+
+
+def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
+    if not openblas_threads_available():
+        return []
+    read_by = readers(graph)
+    outputs = set(graph.outputs)
+    rewrites: list[Rewrite] = []
+    for vid in list(graph.initializers):
+        array = graph.initializers[vid]
+        uses = read_by.get(vid, [])
+        if (array.ndim != 2 or array.dtype != np.float32 or vid in outputs or not uses
+                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
+            continue
+        rows, cols = array.shape
+        width = padded_width(rows, cols)
+        if width is None:
+            continue
+        wide = np.zeros((rows, width), np.float32, order="F")
+        wide[:, :cols] = array
+        name = graph.values[vid].name
+        wide_id = add_initializer(graph, f"{name}_padded", wide)
+        graph.initializers.pop(vid)
+        if release is not None:
+            release.pop(vid, None)
+        del array
+        starts = add_initializer(graph, f"{name}_slice_starts", np.array([0], np.int64))
+        ends = add_initializer(graph, f"{name}_slice_ends", np.array([cols], np.int64))
+        axes = add_initializer(graph, f"{name}_slice_axes", np.array([-1], np.int64))
+        by_node = {id(n): n for n, _ in uses}
+        for node in by_node.values():
+            y = node.outputs[0]
+            v = graph.values[y]
+            shape = None if v.shape is None else v.shape[:-1] + (width,)
+            y_wide = add_value(graph, f"{v.name}_padded", v.dtype, shape)
+            matmul = dataclasses.replace(node, inputs=(node.inputs[0], wide_id), outputs=(y_wide,))
+            take = make_node(graph, f"{node.name}/threads_slice", "Slice", [y_wide, starts, ends, axes], [y])
+            at = next(i for i, n in enumerate(graph.nodes) if n is node)
+            graph.nodes[at:at + 1] = [matmul, take]
+        rewrites.append(Rewrite("matvec_threads", tuple(n.name for n in by_node.values()),
+                                tuple("MatMul" for _ in by_node), f"{name}_padded", 0,
+                                wide.nbytes - rows * cols * 4, kept=True))
+    return rewrites
