@@ -30,9 +30,9 @@ from .wire import LiftedBytes, lift_weights
 def read_model(model: Any, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
     """Parse the caller's model (path, bytes or ModelProto) with external data resolved safely.
 
-    Main-graph initializers kept in external files are memory-mapped read-only into
-    `weights` (name -> array) instead of being read into the proto: no copy at load,
-    and pages are read as kernels touch them."""
+    Main-graph initializers kept in external files, and the large ones embedded in a
+    model file, are memory-mapped read-only into `weights` (name -> array) instead of
+    being read into the proto: no copy at load, and pages are read as kernels touch them."""
     lifted: list[LiftedBytes] = []
     if isinstance(model, onnx.ModelProto):
         proto, base_dir = onnx.ModelProto(), None
