@@ -98,3 +98,19 @@ def test_smollm2_shaped_llama_decodes_token_exact_with_padded_projections(thread
         for kv in ("fixed", "growing"):
             got = Generator(session).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv)
             assert got.tokens == want, (kv, options)
+
+
+@pytest.mark.cuda
+def test_the_cuda_backend_keeps_its_weights_unpadded(threads):
+    """cuBLAS has no one-thread threshold: the rule is for numpy's BLAS only."""
+    model = _model(rows=1)
+    session = workbench.InferenceSession(model, backend="cuda")
+    assert session.recording.rewrites().query("rule == 'matvec_threads'").empty
+    oracle = ort_session(model)
+    rng = np.random.default_rng(4)
+    x = np.empty((1, 1, 576), np.float32)  # one buffer, new contents every run
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        got = session.run(None, {"x": x})
+        for g, w, name in zip(got, oracle.run(None, {"x": x.copy()}), ("a", "b_sq", "c_sum"), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")

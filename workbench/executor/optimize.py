@@ -57,11 +57,13 @@ def check_level(level: str) -> str:
     return text
 
 
-def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph, list[Rewrite]]:
+def optimize(graph: Graph, level: str, *, release: bool = False,
+             backend: str = "cpu") -> tuple[Graph, list[Rewrite]]:
     """The rewritten graph and what was rewritten. The input graph is not changed,
     except that with `release` its references to weights the rewrite replaced are
     dropped as it goes (so a relaid weight's original can be freed at once, and load
-    never holds two copies of the model)."""
+    never holds two copies of the model). `backend` names the backend that will run it
+    (rules tuned to the CPU's BLAS make only for "cpu")."""
     if check_level(level) == "disabled":
         return graph, []
     out = copy_graph(graph)
@@ -71,7 +73,8 @@ def optimize(graph: Graph, level: str, *, release: bool = False) -> tuple[Graph,
     if level in ("extended", "all"):
         rewrites += fuse(out, graph.initializers if release else None, level)
     if level == "all":
-        rewrites += pad_for_threads(out, graph.initializers if release else None)
+        if backend == "cpu":  # numpy's BLAS threading; cuBLAS has no such threshold
+            rewrites += pad_for_threads(out, graph.initializers if release else None)
         rewrites += _matvec_layout(out, graph.initializers if release else None)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
     return out, rewrites
