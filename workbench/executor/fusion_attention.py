@@ -43,7 +43,6 @@ onnxruntime, greedy tokens, blocked chains).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,12 +54,13 @@ from ..ops.fused_attention import WORKBENCH_DOMAIN
 from .graph_edit import (
     MatchContext,
     Rewrite,
+    drop_orphans,
     ensure_opset,
     in_bodies,
+    is_plain,
     make_node,
-    producers,
+    match_everywhere,
     read_values,
-    readers,
     replace_nodes,
 )
 
@@ -70,24 +70,6 @@ _EXACT = (np.dtype(np.float32), np.dtype(np.float64))
 
 class _Ctx(MatchContext):
     """The match context, with the shape lookups the attention chain needs."""
-
-    def shape(self, vid: int) -> tuple | None:
-        return self.graph.values[vid].shape
-
-    def dtype(self, vid: int) -> np.dtype | None:
-        return self.graph.values[vid].dtype
-
-    def made(self, vid: int, *ops: str) -> Node | None:
-        node = self.made_by.get(vid)
-        return node if node is not None and _is(node, *ops) else None
-
-    def sole_reader(self, vid: int) -> Node | None:
-        if vid < 0 or vid in self.outputs or vid in self.graph.initializers:
-            return None
-        uses = self.read_by.get(vid, [])
-        if len({id(n) for n, _ in uses}) != 1 or any(pos < 0 for _, pos in uses):
-            return None
-        return uses[0][0]
 
     def only_into(self, vid: int, node: Node) -> bool:
         """`vid` is an intermediate read by `node` alone."""
@@ -99,9 +81,6 @@ class _Ctx(MatchContext):
             return None
         return [int(a) for a in array.reshape(-1)]
 
-
-def _is(node: Node, *ops: str) -> bool:
-    return node.op_type in ops and not node.domain and not node.subgraphs
 
 
 def _rank(ctx: _Ctx, vid: int) -> int | None:
@@ -231,7 +210,7 @@ def _softmax_last_axis(ctx: _Ctx, node: Node, rank: int) -> bool:
 
 
 def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
-    if not _is(pv, "MatMul") or len(pv.inputs) != 2 or len(pv.outputs) != 1:
+    if not is_plain(pv, "MatMul") or len(pv.inputs) != 2 or len(pv.outputs) != 1:
         return None
     probs, v_rep = pv.inputs
     softmax = ctx.made(probs, "Softmax")
@@ -349,36 +328,10 @@ def _forget(ctx: _Ctx, nodes: list[Node]) -> None:
             ctx.read_by[vid] = [u for u in ctx.read_by.get(vid, []) if id(u[0]) not in ids]
 
 
-def _drop_orphans(graph: Graph, rewrites: list[Rewrite], read_before: set[int],
-                  release: dict | None) -> list[Rewrite]:
-    """Initializers only the fused chains read (axes, shape pieces) are dropped; their
-    bytes go into the last rewrite's bytes_delta."""
-    if not rewrites:
-        return rewrites
-    read = set(graph.outputs)
-    for node in graph.nodes:
-        read.update(i for i in (*node.inputs, *node.captures) if i >= 0)
-    freed = 0
-    for vid in [v for v in graph.initializers if v in read_before and v not in read]:
-        freed += graph.initializers.pop(vid).nbytes
-        if release is not None:
-            release.pop(vid, None)
-    last = rewrites[-1]
-    rewrites[-1] = dataclasses.replace(last, bytes_delta=last.bytes_delta - freed)
-    return rewrites
-
-
-
 def _fuse_here(graph: Graph, release: dict | None, consts: dict) -> list[Rewrite]:
+    """Initializers only the fused chains read (axes, shape pieces) go with them."""
     read_before = read_values(graph)
-    ctx = _Ctx(graph, readers(graph), producers(graph), set(graph.outputs), consts)
-    rewrites = []
-    for node in list(graph.nodes):
-        if id(node) not in ctx.gone:
-            r = _match(ctx, node)
-            if r is not None:
-                rewrites.append(r)
-    return _drop_orphans(graph, rewrites, read_before, release)
+    return drop_orphans(graph, match_everywhere(_Ctx.of(graph, consts), _match), release, read_before)
 
 
 def fuse_attention(graph: Graph, release: dict | None, level: str = "extended",

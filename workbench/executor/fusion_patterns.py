@@ -39,12 +39,13 @@ from ..ir.graph import Graph, Node
 from .graph_edit import (
     MatchContext,
     Rewrite,
+    drop_orphans,
     ensure_opset,
     in_bodies,
+    is_plain,
     make_node,
-    producers,
+    match_everywhere,
     read_values,
-    readers,
     replace_nodes,
 )
 
@@ -59,33 +60,12 @@ _CONST_RTOL = 1e-6
 class _Ctx(MatchContext):
     """The match context, with the dtype / shape lookups the pattern chains need."""
 
-    def dtype(self, vid: int) -> np.dtype | None:
-        return self.graph.values[vid].dtype
-
-    def shape(self, vid: int) -> tuple | None:
-        return self.graph.values[vid].shape
-
-    def sole_reader(self, vid: int) -> Node | None:
-        """The one node that reads `vid` (possibly at several positions), when nothing
-        else does: not another node, a subgraph capture or the graph's outputs."""
-        if vid < 0 or vid in self.outputs or vid in self.graph.initializers:
-            return None
-        uses = self.read_by.get(vid, [])
-        nodes = {id(n) for n, _ in uses}
-        if len(nodes) != 1 or any(pos < 0 for _, pos in uses):
-            return None
-        return uses[0][0]
-
     def next_op(self, node: Node, *ops: str) -> Node | None:
         """The sole reader of the node's (only) output when it is one of `ops`."""
         if len(node.outputs) != 1:
             return None
         nxt = self.sole_reader(node.outputs[0])
-        return nxt if nxt is not None and _is(nxt, *ops) else None
-
-    def made(self, vid: int, *ops: str) -> Node | None:
-        node = self.made_by.get(vid)
-        return node if node is not None and _is(node, *ops) else None
+        return nxt if nxt is not None and is_plain(nxt, *ops) else None
 
     def scalar(self, vid: int) -> float | None:
         """The value of a one-element initializer of rank <= 1 (no broadcast growth)."""
@@ -94,9 +74,6 @@ class _Ctx(MatchContext):
             return None
         return float(array.reshape(-1)[0])
 
-
-def _is(node: Node, *ops: str) -> bool:
-    return node.op_type in ops and not node.domain and not node.subgraphs
 
 
 def _close(value: float | None, want: float) -> bool:
@@ -120,7 +97,7 @@ def _const_operand(ctx: _Ctx, node: Node, vid: int) -> float | None:
 
 def _last_axis_mean(ctx: _Ctx, node: Node, rank: int) -> bool:
     """ReduceMean over exactly the last axis, keeping dims."""
-    if not _is(node, "ReduceMean") or int(node.attrs.get("keepdims", 1)) != 1:
+    if not is_plain(node, "ReduceMean") or int(node.attrs.get("keepdims", 1)) != 1:
         return False
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] >= 0:
@@ -131,9 +108,9 @@ def _last_axis_mean(ctx: _Ctx, node: Node, rank: int) -> bool:
 
 def _square_of(ctx: _Ctx, node: Node) -> int | None:
     """x when the node is Pow(x, 2) or Mul(x, x)."""
-    if _is(node, "Pow") and len(node.inputs) == 2 and ctx.scalar(node.inputs[1]) == 2.0:
+    if is_plain(node, "Pow") and len(node.inputs) == 2 and ctx.scalar(node.inputs[1]) == 2.0:
         return node.inputs[0]
-    if _is(node, "Mul") and len(node.inputs) == 2 and node.inputs[0] == node.inputs[1]:
+    if is_plain(node, "Mul") and len(node.inputs) == 2 and node.inputs[0] == node.inputs[1]:
         return node.inputs[0]
     return None
 
@@ -187,35 +164,10 @@ def _emit(ctx: _Ctx, rule: str, chain: list[Node], op: str, inputs: list[int], d
                    len(chain) - 1, 0)
 
 
-def _drop_orphans(graph: Graph, rewrites: list[Rewrite], release: dict | None) -> list[Rewrite]:
-    """Constants only the fused chains read (eps, 2.0, 0.5, ...) are dropped; their bytes
-    go into the last rewrite's bytes_delta."""
-    if not rewrites:
-        return rewrites
-    read = set(graph.outputs)
-    for node in graph.nodes:
-        read.update(i for i in (*node.inputs, *node.captures) if i >= 0)
-    freed = 0
-    for vid in [v for v in graph.initializers if v not in read]:
-        freed += graph.initializers.pop(vid).nbytes
-        if release is not None:
-            release.pop(vid, None)
-    last = rewrites[-1]
-    rewrites[-1] = Rewrite(last.rule, last.original_nodes, last.original_ops, last.result, last.nodes_saved,
-                           last.bytes_delta - freed, last.kept)
-    return rewrites
-
-
 def _run(graph: Graph, release: dict | None, match, consts: dict | None) -> list[Rewrite]:
-    """Apply `match(ctx, node) -> Rewrite | None` at every node still in the graph."""
-    ctx = _Ctx(graph, readers(graph), producers(graph), set(graph.outputs), consts or {})
-    rewrites = []
-    for node in list(graph.nodes):
-        if id(node) not in ctx.gone:
-            r = match(ctx, node)
-            if r is not None:
-                rewrites.append(r)
-    return _drop_orphans(graph, rewrites, release)
+    """Apply `match(ctx, node) -> Rewrite | None` at every node still in the graph; the
+    constants only the fused chains read (eps, 2.0, 0.5, ...) go with them."""
+    return drop_orphans(graph, match_everywhere(_Ctx.of(graph, consts), match), release)
 
 
 # --- RMSNorm -------------------------------------------------------------------------
@@ -227,7 +179,7 @@ def fuse_rms_norm(graph: Graph, release: dict | None, level: str = "extended",
 
 
 def _match_rms_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
-    if not _is(mean, "ReduceMean"):
+    if not is_plain(mean, "ReduceMean"):
         return None
     square = ctx.made(mean.inputs[0], "Pow", "Mul")
     x = None if square is None else _square_of(ctx, square)
@@ -299,7 +251,7 @@ def fuse_silu(graph: Graph, release: dict | None, level: str = "extended",
 
 
 def _match_silu(ctx: _Ctx, sigmoid: Node) -> Rewrite | None:
-    if not _is(sigmoid, "Sigmoid") or len(sigmoid.inputs) != 1:
+    if not is_plain(sigmoid, "Sigmoid") or len(sigmoid.inputs) != 1:
         return None
     x = sigmoid.inputs[0]
     mul = ctx.next_op(sigmoid, "Mul")
@@ -321,10 +273,10 @@ def fuse_gelu(graph: Graph, release: dict | None, level: str = "extended",
 
 
 def _match_gelu(ctx: _Ctx, node: Node) -> Rewrite | None:
-    if _is(node, "Erf"):
+    if is_plain(node, "Erf"):
         front = _erf_front(ctx, node)
         approximate = "none"
-    elif _is(node, "Tanh"):
+    elif is_plain(node, "Tanh"):
         front = _tanh_front(ctx, node)
         approximate = "tanh"
     else:
@@ -424,7 +376,7 @@ def fuse_layer_norm(graph: Graph, release: dict | None, level: str = "extended",
 
 
 def _match_layer_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
-    if not _is(mean, "ReduceMean"):
+    if not is_plain(mean, "ReduceMean"):
         return None
     x = mean.inputs[0]
     rank, dtype = _static_rank(ctx, x), ctx.dtype(x)
@@ -437,7 +389,7 @@ def _match_layer_norm(ctx: _Ctx, mean: Node) -> Rewrite | None:
     uses = ctx.read_by.get(d, [])
     if d in ctx.outputs or len({id(n) for n, _ in uses}) != 2 or any(p < 0 for _, p in uses):
         return None
-    square = next((n for n, _ in uses if _is(n, "Pow", "Mul") and _square_of(ctx, n) == d), None)
+    square = next((n for n, _ in uses if is_plain(n, "Pow", "Mul") and _square_of(ctx, n) == d), None)
     var = None if square is None else ctx.next_op(square, "ReduceMean")
     if var is None or not _last_axis_mean(ctx, var, rank):
         return None

@@ -68,10 +68,69 @@ class MatchContext:
     #: ids of the nodes fused away in this pass
     gone: set = field(default_factory=set)
 
+    @classmethod
+    def of(cls, graph: Graph, consts: dict | None = None) -> MatchContext:
+        """The context for matching in `graph` as it is now."""
+        return cls(graph, readers(graph), producers(graph), set(graph.outputs), consts or {})
+
     def const(self, vid: int) -> np.ndarray | None:
         array = self.graph.initializers.get(vid)
         array = self.consts.get(vid) if array is None else array
         return array if isinstance(array, np.ndarray) else None
+
+    def dtype(self, vid: int) -> np.dtype | None:
+        return self.graph.values[vid].dtype
+
+    def shape(self, vid: int) -> tuple | None:
+        return self.graph.values[vid].shape
+
+    def made(self, vid: int, *ops: str) -> Node | None:
+        """The node that makes `vid`, when it is a plain one of `ops`."""
+        node = self.made_by.get(vid)
+        return node if node is not None and is_plain(node, *ops) else None
+
+    def sole_reader(self, vid: int) -> Node | None:
+        """The one node that reads `vid` (possibly at several positions), when nothing
+        else does: not another node, a subgraph capture or the graph's outputs."""
+        if vid < 0 or vid in self.outputs or vid in self.graph.initializers:
+            return None
+        uses = self.read_by.get(vid, [])
+        if len({id(n) for n, _ in uses}) != 1 or any(pos < 0 for _, pos in uses):
+            return None
+        return uses[0][0]
+
+
+def is_plain(node: Node, *ops: str) -> bool:
+    """`node` is one of the default-domain `ops`, without subgraphs."""
+    return node.op_type in ops and not node.domain and not node.subgraphs
+
+
+def match_everywhere(ctx: MatchContext, match: Callable[[Any, Node], Rewrite | None]) -> list[Rewrite]:
+    """`match(ctx, node) -> Rewrite | None` at every node not yet fused away."""
+    rewrites = []
+    for node in list(ctx.graph.nodes):
+        if id(node) not in ctx.gone:
+            r = match(ctx, node)
+            if r is not None:
+                rewrites.append(r)
+    return rewrites
+
+
+def drop_orphans(graph: Graph, rewrites: list[Rewrite], release: dict | None,
+                 read_before: set[int] | None = None) -> list[Rewrite]:
+    """Initializers nothing reads after `rewrites` (only the fused chains did; with
+    `read_before`, only those that were read before) are dropped, their bytes charged
+    to the last rewrite's bytes_delta."""
+    if not rewrites:
+        return rewrites
+    read = read_values(graph)
+    freed = 0
+    for vid in [v for v in graph.initializers if v not in read and (read_before is None or v in read_before)]:
+        freed += graph.initializers.pop(vid).nbytes
+        if release is not None:
+            release.pop(vid, None)
+    rewrites[-1] = dataclasses.replace(rewrites[-1], bytes_delta=rewrites[-1].bytes_delta - freed)
+    return rewrites
 
 
 def producers(graph: Graph) -> dict[int, Node]:
