@@ -127,7 +127,7 @@ def test_stable_addresses_new_contents_record_what_a_fresh_step_records(options)
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
             np.testing.assert_array_equal(a, c)
     chunks = lean.recording._lv_pending  # read before any frame lays them out
-    assert len({id(rows) for _, rows in chunks}) < len(chunks), "unchanged steps share their rows"
+    assert len({id(rows) for _, rows, _ in chunks}) < len(chunks), "unchanged steps share their rows"
     _assert_same_recording(lean, fresh)
     if not options:
         assert (lean.recording.capture_events().event == "replay").any(), "replays must happen"
@@ -199,8 +199,8 @@ def test_io_buffers_addresses_are_where_each_array_is_now():
 
 @pytest.mark.parametrize("flavor, export", [("onnx", None), ("genai", None), ("onnx", "optimum-merged")])
 def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
-    """A growing KV cache: the variant values' nbytes move every step (their rows are
-    rebuilt), everything else stays; tokens and logits as onnxruntime's."""
+    """A growing KV cache: the variant values' nbytes move every step (the last rows go
+    again with an nbytes patch), everything else stays; tokens and logits as onnxruntime's."""
     kw = {"export": export} if export else {}
     data = models.llama("tiny", flavor=flavor, **kw).SerializeToString()
     lean = workbench.InferenceSession(data, SessionOptions(decode_memo_verify=False))
@@ -221,6 +221,8 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
     assert len(checked) == RUNS and min(checked) > 0
+    patched = [patch for _, _, patch in lean.recording._lv_pending if patch is not None]
+    assert patched, "growing steps pass their last rows with an nbytes patch"
     _assert_same_recording(lean, fresh)
     lv = lean.recording.liveness()
     per_step = lv.groupby("step").bytes.sum()

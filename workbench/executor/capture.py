@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..addresses import address
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
 from .shapes import symbols_in
 
@@ -118,9 +119,7 @@ def binding_signature(env: list, vids: list[int]) -> tuple:
 def _identity(vid: int, a: Any) -> tuple:
     if a is None or not hasattr(a, "shape"):
         return (vid, None, None, None, id(a))
-    iface = getattr(a, "__array_interface__", None)
-    addr = iface["data"][0] if iface is not None else a.data.ptr
-    return (vid, a.dtype.str, tuple(a.shape), tuple(a.strides), addr)
+    return (vid, a.dtype.str, tuple(a.shape), tuple(a.strides), address(a))
 
 
 def describe_change(graph: Any, old: tuple, new: tuple, control_flow_outputs: set[int]) -> tuple[str, str]:

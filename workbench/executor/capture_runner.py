@@ -19,6 +19,7 @@ import time
 import weakref
 from typing import Any
 
+from ..addresses import address
 from ..errors import KernelError
 from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
@@ -80,13 +81,13 @@ class CaptureRunner:
         ex = self.ex
         if not bound:
             return set()
-        bound_addresses = {_address(a) for a in bound.values()}
+        bound_addresses = {address(a) for a in bound.values()}
         pinned = set()
         for vid in ex.graph.inputs:
             v = ex.graph.values[vid]
             arr = ex.env[vid]
             if v.shape and len(v.shape) == 4 and isinstance(v.shape[2], str) and arr is not None \
-                    and _address(arr) in bound_addresses:
+                    and address(arr) in bound_addresses:
                 pinned.add(v.shape[2])
         return pinned
 
@@ -340,7 +341,3 @@ class CaptureRunner:
         rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
                     domain="", reason="capture_disabled", detail=why, symbols=[])
 
-
-def _address(a: Any) -> int:
-    iface = getattr(a, "__array_interface__", None)
-    return iface["data"][0] if iface is not None else a.data.ptr

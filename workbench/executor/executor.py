@@ -464,35 +464,31 @@ class Executor(DecodeMemoSteps):
         """One row per value of the storage plan. A row is a function of the storage plan,
         the value's owner, the pinned and released sets and, for values holding bytes,
         their `nbytes`: when the plan, owners, pinned and released are those of the slot's
-        last emitted step, only the rows whose nbytes moved are rebuilt (reading nbytes
-        of every holding value, which is the one per-value input left), and an unchanged
-        step hands the Recording the same tuple again."""
+        last emitted step, the rows are those last built, with this step's nbytes of the
+        holding values as a patch where they moved (reading nbytes of every holding value
+        is the one per-value cost left; a growing KV cache moves some every step), and
+        an unchanged step hands the Recording the same tuple (and patch) again."""
         sp = self.state.storage
         last = self._liveness.get(self.state.name)
         if last is None or last.storage is not sp:
             last = self._liveness[self.state.name] = _LivenessRows(sp)
         owners = self._owners
-        rows = None
+        rows = patch = None
         if last.rows is not None and last.nbytes is not None and not released and not last.released \
                 and owners == last.owners and pinned == last.pinned:
             nbytes = last.nbytes_now(env)
             if nbytes is not None:
+                rows = last.rows
                 if nbytes == last.nbytes:
-                    rows = last.rows
-                else:
-                    fresh = list(last.rows)
-                    for i, a, b in zip(last.holding, nbytes, last.nbytes):
-                        if a != b:
-                            vid, kind, owner, _, first, lu, pin, rel = fresh[i]
-                            fresh[i] = (vid, kind, owner, a, first, lu, pin, rel)
-                    rows = tuple(fresh)
-                    last.nbytes = nbytes
+                    patch = last.patch
+                elif nbytes != last.built_nbytes:
+                    patch = (last.holding, nbytes)
+                last.nbytes, last.patch = nbytes, patch
         if rows is None:
-            rows = self._liveness_rows(last, env, released, pinned)
+            rows = last.rows = self._liveness_rows(last, env, released, pinned)
             last.owners, last.pinned, last.released = dict(owners), set(pinned), dict(released)
-            last.set_holding([i for i, r in enumerate(rows) if _holds_bytes(r)], env)
-        last.rows = rows
-        rec.liveness(rows)
+            last.set_holding(tuple(i for i, r in enumerate(rows) if _holds_bytes(r)), env)
+        rec.liveness(rows, patch)
 
     def _liveness_rows(self, last: _LivenessRows, env: list, released: dict[int, int],
                        pinned: set[int]) -> tuple:
@@ -609,27 +605,32 @@ def _holds_bytes(row: tuple) -> bool:
 class _LivenessRows:
     """A slot's last liveness rows and what they were made from (see `_emit_liveness`)."""
 
-    __slots__ = ("storage", "static", "rows", "owners", "pinned", "released", "holding", "nbytes", "_get")
+    __slots__ = ("storage", "static", "rows", "owners", "pinned", "released", "holding", "nbytes",
+                 "built_nbytes", "patch", "_get")
 
     def __init__(self, sp: StoragePlan):
         self.storage = sp
         #: (vid, kind, first_def, last_use, owns) of every value: the same for every step
         self.static = [(vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1), kind in _OWNS)
                        for vid, kind in sp.storage.items()]
+        #: the rows last built in full (a later step's differ from them only in nbytes)
         self.rows: tuple | None = None
         self.owners: dict = {}
         self.pinned: set = set()
         self.released: dict = {}
-        self.holding: list[int] = []  # row positions whose nbytes is read from the value
-        self.nbytes: list | None = None
+        self.holding: tuple[int, ...] = ()  # row positions whose nbytes is read from the value
+        self.nbytes: list | None = None  # the holding values' nbytes at the last step
+        self.built_nbytes: list | None = None  # ... and when `rows` were built
+        self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
         self._get: Any = None
 
-    def set_holding(self, positions: list[int], env: list) -> None:
+    def set_holding(self, positions: tuple[int, ...], env: list) -> None:
         self.holding = positions
         vids = [self.static[i][0] for i in positions]
         self._get = (operator.itemgetter(*vids) if len(vids) > 1 else
                      (lambda e, v=vids[0]: (e[v],)) if vids else (lambda e: ()))
-        self.nbytes = self.nbytes_now(env)
+        self.nbytes = self.built_nbytes = self.nbytes_now(env)
+        self.patch = None
 
     def nbytes_now(self, env: list) -> list | None:
         """nbytes of every holding value now; None when one has none (an absent value,

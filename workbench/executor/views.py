@@ -5,6 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from ..addresses import address
+
 
 def storage_root(a: Any) -> Any:
     """The array at the bottom of a view chain (numpy and CuPy keep views alive through `.base`)."""
@@ -17,12 +19,6 @@ def is_view_of(result: Any, source: Any) -> bool:
     if getattr(result, "base", None) is None or not hasattr(source, "shape"):
         return False
     return storage_root(result) is storage_root(source)
-
-
-def address(a: Any) -> int:
-    """The address of an array's first element (byte offsets are differences of these)."""
-    iface = getattr(a, "__array_interface__", None)
-    return iface["data"][0] if iface is not None else a.data.ptr
 
 
 class KnownAddresses:
@@ -61,17 +57,30 @@ class KnownAddresses:
         of its view chain (`storage_root`). An object's `.base` chain is fixed, so the
         same object has the same root; the root is checked like `arr` itself."""
         key = id(arr)
+        nbytes = arr.nbytes
         entry = self._roots_now.get(key) or self._roots_last.get(key)
-        if entry is not None and entry[0]() is arr and entry[1] == arr.nbytes:
-            root = entry[2]()
+        if entry is not None and entry[0]() is arr and entry[1] == nbytes:
+            root_ref = entry[2]  # None: arr is its own root
+            root = arr if root_ref is None else root_ref()
             if root is not None and root.nbytes == entry[3]:
                 self._roots_now[key] = entry
                 return entry[4]
         root = storage_root(arr)
-        root_nbytes = int(getattr(root, "nbytes", arr.nbytes))
+        if root is arr:  # owns its bytes (a fresh array): one address read, one weak reference
+            try:
+                ref = weakref.ref(arr)
+            except TypeError:
+                addr = address(arr)
+                return (addr, addr, int(nbytes))
+            addr = address(arr)
+            self._now[key] = (ref, nbytes, addr)
+            found = (addr, addr, int(nbytes))
+            self._roots_now[key] = (ref, nbytes, None, nbytes, found)
+            return found
+        root_nbytes = int(getattr(root, "nbytes", nbytes))
         found = (self.address(arr), self.address(root) if hasattr(root, "nbytes") else address(root), root_nbytes)
         try:
-            self._roots_now[key] = (weakref.ref(arr), arr.nbytes, weakref.ref(root), root_nbytes, found)
+            self._roots_now[key] = (weakref.ref(arr), nbytes, weakref.ref(root), root_nbytes, found)
         except TypeError:
             pass
         return found

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..addresses import address
 from ..errors import KernelError
 from .contrib import (
     F16,
@@ -257,12 +258,7 @@ def _same_buffer(a: Any, b: Any) -> bool:
         return False
     if a is b:
         return True
-    return a.shape == b.shape and a.strides == b.strides and _address(a) == _address(b)  # host-ok: addresses, not values
-
-
-def _address(a: Any) -> int:
-    iface = getattr(a, "__array_interface__", None)
-    return iface["data"][0] if iface is not None else a.data.ptr
+    return a.shape == b.shape and a.strides == b.strides and address(a) == address(b)  # host-ok: addresses, not values
 
 
 def _overlap(a: Any, b: Any) -> bool:
@@ -274,7 +270,7 @@ def _overlap(a: Any, b: Any) -> bool:
         return bool(np.may_share_memory(a, b))  # the same extent test, in C
 
     def extent(x: Any) -> tuple[int, int]:
-        lo = hi = _address(x)
+        lo = hi = address(x)
         for n, st in zip(x.shape, x.strides):
             if st > 0:
                 hi += (n - 1) * st

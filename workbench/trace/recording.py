@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkbenchError
@@ -149,10 +149,13 @@ class Recording:
     def __init__(self) -> None:
         self._tables: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in TABLE_COLUMNS.items()}
-        #: liveness rows as emitted, (step, tuple of row tuples), laid out when read;
-        #: a step whose rows equal the last step's shares that step's tuple
-        self._lv_pending: list[tuple[int, tuple]] = []
+        #: liveness rows as emitted, (step, tuple of row tuples, nbytes patch or None),
+        #: laid out when read; a step whose rows equal the last step's shares that
+        #: step's tuple, and one that differs from it only in nbytes shares it too, with
+        #: the new nbytes as a patch (see `liveness`)
+        self._lv_pending: list[tuple[int, tuple, tuple | None]] = []
         self._lv_last: tuple | None = None
+        self._lv_positions: tuple | None = None  # (positions, rows) of the last patch checked
         self._static: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in STATIC_COLUMNS.items()}
         self._generic: dict[str, _Generic] = {}
@@ -179,9 +182,14 @@ class Recording:
         pending, self._lv_pending = self._lv_pending, []
         lv = self._tables["liveness"]
         names = TABLE_COLUMNS["liveness"][1:]
-        for step, rows in pending:
+        nbytes_at = names.index("nbytes")
+        for step, rows, patch in pending:
             lv["step"].extend([step] * len(rows))
-            for name, col in zip(names, zip(*rows)):
+            for i, (name, col) in enumerate(zip(names, zip(*rows))):
+                if patch is not None and i == nbytes_at:
+                    col = list(col)
+                    for position, nbytes in zip(*patch):
+                        col[position] = nbytes
                 lv[name].extend(col)
 
     def _bind(self) -> None:
@@ -264,11 +272,15 @@ class Recording:
         self._order.append(CODE_MATERIALIZE)
         self._ma.append((self._step, plan_index, value_id, nbytes, reason))
 
-    def liveness(self, rows: Iterable[tuple] | None = None) -> pd.DataFrame | None:
+    def liveness(self, rows: Iterable[tuple] | None = None,
+                 nbytes: tuple[Sequence[int], Sequence[int]] | None = None) -> pd.DataFrame | None:
         """Emit this step's liveness rows; with no argument, return the liveness frame.
 
         Each row: (value_id, storage, owner_id, nbytes, first_def, last_use, pinned,
         released_at); storage "owner" | "view" | "alias" | "input" | "initializer".
+        `nbytes`, (row positions, their nbytes this step), overrides those rows' nbytes:
+        a decode step whose values only grew passes its last rows again with it, and
+        nothing is copied until the frame is read. Keep both sequences unchanged.
         """
         if rows is None:
             return self.liveness_frame()
@@ -277,7 +289,16 @@ class Recording:
             if not rows:
                 return None
             self._lv_last = rows
-        self._lv_pending.append((self._step, rows))
+        if nbytes is not None:
+            positions, sizes = nbytes
+            checked = self._lv_positions is not None and self._lv_positions[0] is positions \
+                and self._lv_positions[1] is rows  # these positions against these rows: checked before
+            if len(positions) != len(sizes) or (not checked and positions and not
+                                                0 <= min(positions) <= max(positions) < len(rows)):
+                raise TraceError(f"liveness nbytes patch: {len(positions)} positions for {len(sizes)} sizes, "
+                                 f"positions must lie within the {len(rows)} rows")
+            self._lv_positions = (positions, rows)
+        self._lv_pending.append((self._step, rows, nbytes))
         self._order.extend([CODE_LIVENESS] * len(rows))
         return None
 
@@ -377,7 +398,7 @@ class Recording:
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
         self._lv_pending.clear()
-        self._lv_last = None
+        self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
             rows.clear()
         for cols in self._tables.values():

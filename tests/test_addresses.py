@@ -1,0 +1,60 @@
+"""`backend.addresses.address` reads numpy's `__array_struct__` capsule: it must give
+exactly what `__array_interface__` gives, for every kind of array the executor meets,
+and `KnownAddresses.where` (its main reader) must stay right for arrays that own their
+bytes (the one-read path) as well as views."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from workbench.addresses import address
+from workbench.executor.views import KnownAddresses, storage_root
+
+
+def _arrays(tmp_path):
+    base = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
+    path = tmp_path / "weights.bin"
+    np.arange(64, dtype=np.float32).tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r", shape=(8, 8))
+    raw = np.empty(3 * 5 * 4, np.uint8)
+    yield "contiguous", base
+    yield "slice with an offset", base[1:3, 2:]
+    yield "negative strides", base[::-1, :, ::-2]
+    yield "transposed", base.transpose(2, 0, 1)
+    yield "broadcast (zero strides)", np.broadcast_to(base[0, 0], (5, 8))
+    yield "0-d", np.array(3.5)
+    yield "zero-size", base[:, :0]
+    yield "read-only memmap row", mapped[3]
+    yield "uint8 buffer viewed as float32", raw.view(np.float32).reshape(3, 5)
+    yield "float16", np.ones((3, 3), np.float16)[1:]
+    yield "bool", np.zeros(7, bool)[2:]
+    yield "structured", np.zeros(4, dtype=[("a", "<i4"), ("b", "<f8")])[1:]
+    yield "object", np.array(["x", None, 3], dtype=object)[1:]
+    yield "numpy scalar", np.float32(2.0)
+
+
+def test_address_is_what_the_array_interface_says(tmp_path):
+    checked = 0
+    for label, a in _arrays(tmp_path):
+        assert address(a) == a.__array_interface__["data"][0], label
+        checked += 1
+    assert checked == 14
+
+
+def test_an_array_that_owns_its_bytes_and_a_view_are_found_where_they_are():
+    """Fresh arrays (freed each step, so ids come back for other arrays) and views of a
+    bigger buffer, over eight steps: `where` must report each one's address now."""
+    known = KnownAddresses()
+    big = np.zeros((16, 8), np.float32)
+    for step in range(8):
+        known.next_step()
+        fresh = np.full((2, 8), step, np.float32)
+        view = big[step:step + 2]
+        for a in (fresh, view, fresh, view):  # the second ask is served from the cache
+            root = storage_root(a)
+            assert known.where(a) == (address(a), address(root), root.nbytes), step
+        del fresh, view
+        gc.collect()
+
