@@ -832,6 +832,37 @@ def test_group_query_attention_decode_fast_path_fp16(monkeypatch, layout):
     check_gqa(inputs, attrs, share_buffer=share, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("layout", ["exact", "capacity", "shared"])
+def test_group_query_attention_decode_fast_path_on_stable_buffers(monkeypatch, layout):
+    """The decode loop's pattern: the same input and output arrays every run, new
+    contents each time (and a new position, but for "exact": a growing cache, whose
+    present is the past plus the new row); eight runs, each against onnxruntime."""
+    cap, first, share = DECODE_LAYOUTS[layout]
+    r = rng_for("gqa_stable", layout)
+    inputs = make_gqa_inputs(r, batch=1, seq=1, num_heads=9, kv_heads=3, head_size=64, seqlens=[first],
+                             past_cap=cap, rotary="plain", max_pos=300)
+    arrays = dict(inputs)
+    attrs = dict(num_heads=9, kv_num_heads=3, do_rotary=1)
+    expected, node = run_ort_gqa(inputs, attrs, GQA_OUTPUTS, share)
+    _, fn = build_kernel(node, 1, inputs, GQA_OUTPUTS, [e.dtype for e in expected], [e.shape for e in expected])
+    outs = [np.empty_like(e) for e in expected]
+    if share:
+        outs[1:] = arrays["past_key"], arrays["past_value"]
+    _general_path_forbidden(monkeypatch)
+    for run in range(8):
+        pos = first if layout == "exact" else int(r.integers(0, cap))
+        for name in ("query", "key", "value", "past_key", "past_value"):
+            arrays[name][...] = r.standard_normal(arrays[name].shape)
+        arrays["seqlens_k"][...] = pos
+        arrays["total_sequence_length"][...] = pos + 1
+        feeds = [(name, arrays[name] if a is not None else None) for name, a in inputs]
+        want, _ = run_ort_gqa([(n, None if a is None else a.copy()) for n, a in feeds], attrs, GQA_OUTPUTS, share)
+        got = fn([a for _, a in feeds], list(outs))
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert g is outs[i]
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run} output {i}")
+
+
 def test_group_query_attention_decode_falls_back(monkeypatch):
     """Cases outside the fast path take the general path (batch 2, output_qk) and still
     match onnxruntime, as does a one-token chunk with query_seqlens."""

@@ -76,9 +76,9 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
     """`rotate` of a 2-D [M, H] array by one cos/sin row ([rot_dim / 2]), into a fresh
     array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
 
-    Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin): x * cos, then
-    swap(x) * sin subtracted from the first half and added to the second, the swap
-    being a reversed view of the halves.
+    Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin): x * cos plus
+    swap(x) * (-sin, sin), the swap being a reversed view of the halves. b * -sin is
+    exactly -(b * sin), so adding it is the subtraction, bit for bit.
     """
     rows, width = x.shape
     half = rot_dim // 2
@@ -97,13 +97,20 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
         return out
     halves = x[:, :rot_dim].reshape(rows, 2, half)
     out = halves * cos
-    swapped = halves[:, ::-1] * sin  # (b sin, a sin)
-    out[:, 0] -= swapped[:, 0]
-    out[:, 1] += swapped[:, 1]
+    if xp is np:
+        out += halves[:, ::-1] * (sin * _SIGNS)  # (b, a) * (-sin, sin)
+    else:  # the same, without a host constant on the device
+        swapped = halves[:, ::-1] * sin
+        out[:, 0] -= swapped[:, 0]
+        out[:, 1] += swapped[:, 1]
     out = out.reshape(rows, rot_dim)
     if rot_dim < width:
         out = xp.concatenate((out, x[:, rot_dim:]), axis=1)
     return out
+
+
+#: (-1, +1) down the halves axis; int8, so multiplying keeps the other operand's dtype
+_SIGNS = np.array([[-1], [1]], np.int8)
 
 
 def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
@@ -374,6 +381,12 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
     used_present = (used(info, 1), used(info, 2))
     used_qk = bool(qk_output) and used(info, 3)
+    if xp is np:  # what ndarray.max / .sum call, without their Python wrappers
+        def row_reduce(ufunc: Any, a: Any) -> Any:
+            return ufunc.reduce(a, axis=-1, keepdims=True)
+    else:
+        def row_reduce(ufunc: Any, a: Any) -> Any:
+            return a.max(axis=-1, keepdims=True) if ufunc is xp.maximum else a.sum(axis=-1, keepdims=True)
 
     def attend_one_token(q: Any, keys: Any, values: Any, bias: Any, allowed: Any, head_sink: Any,
                          out: Any, ct: np.dtype) -> Any:
@@ -404,12 +417,12 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
         elif smooth_softmax:
             sink = xp.zeros((1, 1, 1), dtype=ct)
-        row_max = scores.max(axis=-1, keepdims=True)
+        row_max = row_reduce(xp.maximum, scores)
         if sink is not None:
             row_max = xp.maximum(row_max, sink)
         scores -= row_max
         xp.exp(scores, out=scores)
-        denom = scores.sum(axis=-1, keepdims=True)
+        denom = row_reduce(xp.add, scores)
         if sink is not None:
             denom += xp.exp(sink - row_max)
         scores /= denom
@@ -561,15 +574,23 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         present_len = present_shape[2]
         pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
         kept = min(past_key.shape[2], present_len, pos)
+        # a growing cache: the present is exactly the past, then the new row
+        appended = kept == past_key.shape[2] == pos == present_len - 1
+        row_shape = (1, present_shape[1], 1, present_shape[3])
         presents = []
         for out, past, row, same in ((outs[1], past_key, k_row, shared[0]),
                                      (outs[2], past_value, v_row, shared[1])):
-            if not same:
+            if same:
+                out[0, :, pos] = row
+            else:
                 if out is None:
                     out = np.empty(present_shape, dtype=past.dtype)
-                out[:, :, :kept] = past[:, :, :kept]
-                out[:, :, kept:] = 0
-            out[0, :, pos] = row
+                if appended:
+                    np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
+                else:
+                    out[:, :, :kept] = past[:, :, :kept]
+                    out[:, :, kept:] = 0
+                    out[0, :, pos] = row
             presents.append(out)
         start = max(pos - local_window + 1, 0) if local_window > 0 else 0
         bias = None
