@@ -20,6 +20,8 @@ class Backend(Protocol):
     supports_capture: bool
     #: True when a capture also runs the work (CPU); False when it only records (CUDA)
     capture_executes_work: bool
+    #: True when buffers are host arrays a caller can be handed as they are (CPU)
+    buffers_are_host: bool
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """A fresh owner buffer: flat bytes with a typed array view of `shape` over them."""

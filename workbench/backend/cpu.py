@@ -23,6 +23,7 @@ class CpuBackend:
     supports_capture = True
     #: numpy runs each launch as it is recorded, so a capture pass also computes
     capture_executes_work = True
+    buffers_are_host = True
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         dtype = np.dtype(dtype)

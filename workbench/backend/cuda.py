@@ -44,6 +44,7 @@ class CudaBackend:
     supports_capture = True
     #: stream capture records without executing: a captured segment must be launched
     capture_executes_work = False
+    buffers_are_host = False  # a caller gets host copies
 
     def __init__(self, cupy: Any = None) -> None:
         if cupy is None:

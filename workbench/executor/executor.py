@@ -158,6 +158,7 @@ class Executor(DecodeMemoSteps):
         self.state.dispatch = []
         self.state.preallocated = []
         self.state.bound_slots = {}
+        self.state.handover = {}  # until a memo knows which outputs every replay re-sizes
         for p in self.plan.nodes:
             outs: list = []
             lazy, dynamic = [], []
@@ -524,6 +525,25 @@ class Executor(DecodeMemoSteps):
             addr, base_addr, base_nbytes = where(arr)
             out.append((vid, role, addr, int(arr.nbytes), base_addr, base_nbytes))
         rec.add_rows("io_buffers", _IO_COLUMNS, out)
+
+    def output_for_caller(self, vid: int) -> Any:
+        """Graph output `vid` of the last run as the caller gets it: a host copy, or the
+        run's own buffer where the executor is done with it. A growing KV cache's present
+        owns a buffer that every memo replay allocates anew at its new length, so no
+        later step writes into it: on a host backend it is handed over (dropped from the
+        slot's buffers and its node's output slot), which saves a copy per output per
+        step and hands the caller the array the next step's past will be."""
+        value = self.env[vid]
+        slot = self.state.handover.get(vid)
+        if slot is not None and self.backend.buffers_are_host and self.state.buffers.get(vid) is value:
+            k, j = slot
+            dispatch = self.state.dispatch[k]
+            if dispatch.outs[j] is value:
+                del self.state.buffers[vid]
+                self._resident -= value.nbytes
+                dispatch.outs[j] = None  # the next replay's `_replay_prepare` gives it a new one
+                return value
+        return self.backend.to_host(value)
 
     def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
         for vid, arr in bound.items():

@@ -153,6 +153,9 @@ class DecodeMemoSteps:
         self.state.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
         variant_set = set(variant)
         self.state.variant_preallocated = [s for s in self.state.preallocated if s[2] in variant_set or s[3] in variant_set]
+        outputs = set(self.graph.outputs)
+        self.state.handover = {vid: (k, j) for k, j, vid, owner in self.state.variant_preallocated
+                               if vid == owner and vid in outputs}
 
     # -- Stage 2: the cached view plan ---------------------------------------------------
 

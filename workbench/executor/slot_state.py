@@ -32,6 +32,10 @@ class SlotState:
     preallocated: list[tuple[int, int, int, int]] = field(default_factory=list)
     #: the preallocated outputs whose shape moves with a varying symbol
     variant_preallocated: list[tuple[int, int, int, int]] = field(default_factory=list)
+    #: graph output value id -> (plan index, output slot) of those that own their
+    #: buffer: every memo replay allocates them anew, so a run's buffer may be handed
+    #: to the caller instead of copied (see `Executor.output_for_caller`)
+    handover: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: caller-bound output value id -> (plan index, output slot)
     bound_slots: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: owner value id -> buffer, reused while its shape holds

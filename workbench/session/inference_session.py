@@ -82,8 +82,8 @@ class InferenceSession:
                 )
         feeds = self._check_inputs(input_feed)
         ro = run_options or RunOptions()
-        env = self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
-        return [self._to_caller(env[self._output_ids[n]]) for n in names]
+        self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
+        return [self._output(self._output_ids[n]) for n in names]
 
     def io_binding(self) -> IOBinding:
         return IOBinding(self)
@@ -93,9 +93,9 @@ class InferenceSession:
         feeds = self._check_inputs(binding.inputs)
         caller_outputs = {self._output_ids[n]: a for n, a in binding.outputs.items() if a is not None}
         ro = run_options or RunOptions()
-        env = self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
+        self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
         binding._results = {
-            name: (array if array is not None else self._to_caller(env[self._output_ids[name]]))
+            name: (array if array is not None else self._output(self._output_ids[name]))
             for name, array in binding.outputs.items()
         }
 
@@ -125,6 +125,13 @@ class InferenceSession:
         return [(p.node.name, p.node.domain, p.node.op_type) for p in self.plan.fallback_nodes()]
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _output(self, vid: int) -> Any:
+        """What the caller gets for graph output `vid`: nothing the next run overwrites."""
+        value = self.executor.env[vid]
+        if value is None or isinstance(value, list):
+            return self._to_caller(value)
+        return self.executor.output_for_caller(vid)
 
     def _to_caller(self, value: Any) -> Any:
         if isinstance(value, list):
