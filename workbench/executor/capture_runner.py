@@ -15,6 +15,7 @@ re-segments with that op as a seam.
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from typing import Any
@@ -241,29 +242,39 @@ class CaptureRunner:
         After a check passes, the very objects it saw are kept (weakly, per slot and
         segment) with their dtype objects: the next step an input that is the same
         object, with the same dtype object, shape and strides, is as it was (same size,
-        so not moved; see `KnownAddresses`); any other input has its address read."""
+        so not moved; see `KnownAddresses`); any other input has its address read.
+        Initializers (most of a segment's inputs: its weights) are the executor's own
+        arrays for its whole life, never reshaped: they are kept strongly and checked
+        by identity alone, in one pass."""
         env = self.ex.env
         seen = self._bindings_seen.get(key)
         if seen is not None and seen[0]() is captured:
-            for (vid, _, shape, strides, _), (ref, dtype) in zip(captured.signature, seen[1]):
-                a = env[vid]
-                if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
-                    break
-            else:
-                return True
+            _, live, same_initializers = seen
+            if same_initializers(env):
+                for vid, shape, strides, ref, dtype in live:
+                    a = env[vid]
+                    if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
+                        break
+                else:
+                    return True
         self._bindings_seen.pop(key, None)
         known = self.addresses.address
-        objects = []
+        initializers = self.ex.graph.initializers
+        live, fixed = [], []
         for vid, dtype, shape, strides, addr in captured.signature:
             a = env[vid]
             if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
                     or a.strides != strides or a.dtype.str != dtype or known(a) != addr:
                 return False
-            objects.append((a, a.dtype))
+            if vid in initializers:
+                fixed.append((vid, a))
+            else:
+                live.append((vid, shape, strides, a, a.dtype))
         try:
-            self._bindings_seen[key] = (weakref.ref(captured), [(weakref.ref(a), d) for a, d in objects])
+            live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
         except TypeError:  # something without weak references: check it in full every step
-            pass
+            return True
+        self._bindings_seen[key] = (weakref.ref(captured), live, _holds_exactly(fixed))
         return True
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
@@ -341,3 +352,14 @@ class CaptureRunner:
         rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
                     domain="", reason="capture_disabled", detail=why, symbols=[])
 
+
+def _holds_exactly(entries: list[tuple[int, Any]]) -> Any:
+    """A check of an environment: True when it holds the very `(value id, array)` objects."""
+    if not entries:
+        return lambda env: True
+    if len(entries) == 1:
+        (vid, only), = entries
+        return lambda env: env[vid] is only
+    vids, objects = zip(*entries)
+    get = operator.itemgetter(*vids)
+    return lambda env: all(map(operator.is_, get(env), objects))

@@ -269,12 +269,13 @@ class DecodeMemoSteps:
         source = env[first]
         keys = [(first, None) if source is None else
                 (first, self.addresses.address(source), source.shape, source.strides)]
+        on_host = self.backend.buffers_are_host
         for vid in runtime:
             value = env[vid]
             if value is None:
                 keys.append((vid, None))
                 continue
-            host = self.backend.to_host(value)  # part of the guard, not a kernel's read
+            host = value if on_host else self.backend.to_host(value)  # part of the guard, not a kernel's read
             keys.append((vid, host.shape, host.dtype.str, host.tobytes()))
         return tuple(keys)
 
