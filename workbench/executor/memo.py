@@ -105,6 +105,10 @@ class ViewPlan:
     #: so a node is reinstated only while they are unchanged
     params: dict[int, tuple] = field(default_factory=dict)
     validated: bool = False
+    #: plan index -> the source array its parameter key was validated on, for nodes
+    #: with no runtime parameter: while the environment holds that very object (which
+    #: cannot move or change shape), the key is unchanged without being recomputed
+    same_source: dict[int, Any] = field(default_factory=dict)
 
     @property
     def state(self) -> str:

@@ -226,6 +226,9 @@ class DecodeMemoSteps:
             if same:
                 plan.views = {vid: observed[vid] for vid in plan.views}
                 plan.validated = True
+                env = self.env
+                plan.same_source = {k: env[keys[0][0]] for k, keys in plan.params.items()
+                                    if len(keys) == 1 and env[keys[0][0]] is not None}
             else:
                 self.state.view_plan = None
 
@@ -287,7 +290,8 @@ class DecodeMemoSteps:
     def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
         False (nothing reinstated) when a runtime parameter of the node changed."""
-        if self._param_keys(p.index) != plan.params[p.index]:
+        source = plan.same_source.get(p.index)
+        if (source is None or env[p.inputs[0]] is not source) and self._param_keys(p.index) != plan.params[p.index]:
             self._view_plan_stale = True
             return False
         verify = self.options.decode_memo_verify
