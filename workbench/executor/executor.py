@@ -8,6 +8,7 @@ signature skip straight to dispatch.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from dataclasses import dataclass
@@ -626,7 +627,7 @@ class _LivenessRows:
     """A slot's last liveness rows and what they were made from (see `_emit_liveness`)."""
 
     __slots__ = ("storage", "static", "rows", "owners", "pinned", "released", "holding", "nbytes",
-                 "built_nbytes", "patch", "_get")
+                 "built_nbytes", "patch", "objects", "_get")
 
     def __init__(self, sp: StoragePlan):
         self.storage = sp
@@ -642,6 +643,8 @@ class _LivenessRows:
         self.nbytes: list | None = None  # the holding values' nbytes at the last step
         self.built_nbytes: list | None = None  # ... and when `rows` were built
         self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
+        #: the holding values' arrays when `nbytes` was read (they are in the env too)
+        self.objects: tuple | None = None
         self._get: Any = None
 
     def set_holding(self, positions: tuple[int, ...], env: list) -> None:
@@ -649,16 +652,30 @@ class _LivenessRows:
         vids = [self.static[i][0] for i in positions]
         self._get = (operator.itemgetter(*vids) if len(vids) > 1 else
                      (lambda e, v=vids[0]: (e[v],)) if vids else (lambda e: ()))
+        self.objects = None
         self.nbytes = self.built_nbytes = self.nbytes_now(env)
         self.patch = None
 
     def nbytes_now(self, env: list) -> list | None:
         """nbytes of every holding value now; None when one has none (an absent value,
-        whose row falls back to its buffer, or a sequence): then rows are rebuilt."""
+        whose row falls back to its buffer, or a sequence): then rows are rebuilt.
+
+        A value that is the very array it was at the last read has its last nbytes (an
+        array cannot change size while referenced): only the others are read. Comparing
+        references touches no array, which a decode step's cold cache makes worth it."""
+        objects = self._get(env)
+        last = self.objects
         try:
-            return list(map(_NBYTES, self._get(env)))
+            if last is None or self.nbytes is None:
+                nbytes = list(map(_NBYTES, objects))
+            else:
+                nbytes = list(self.nbytes)
+                for i in itertools.compress(itertools.count(), map(operator.is_not, objects, last)):
+                    nbytes[i] = objects[i].nbytes
         except AttributeError:
             return None
+        self.objects = objects
+        return nbytes
 
 
 _NBYTES = operator.attrgetter("nbytes")
