@@ -10,6 +10,7 @@ binding signature of each segment's external inputs is unchanged.
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,21 @@ class CapturedGraph:
     duration_s: float = 0.0
     #: (plan index, output slot, buffer) the launches write into: must still be current
     buffers: list = field(default_factory=list)
+    #: (the dispatch list, its output-slot lists, slots, buffers) of the last check passed
+    _checked: tuple | None = field(default=None, repr=False)
+
+    def buffers_current(self, dispatch: list) -> bool:
+        """Whether every node of `dispatch` still writes where the launches do. The
+        output-slot lists are fetched once per dispatch list (a re-plan makes a new one)
+        and then compared in one pass."""
+        checked = self._checked
+        if checked is None or checked[0] is not dispatch:
+            if not self.buffers:
+                return True
+            ks, js, arrays = zip(*self.buffers)
+            checked = self._checked = (dispatch, [dispatch[k].outs for k in ks], js, arrays)
+        _, slots, js, arrays = checked
+        return all(map(operator.is_, map(operator.getitem, slots, js), arrays))
 
 
 @dataclass

@@ -226,6 +226,8 @@ class CaptureRunner:
             if now != captured.signature:
                 return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
         dispatch = ex.state.dispatch
+        if captured.buffers_current(dispatch):
+            return None
         for k, j, arr in captured.buffers:
             if dispatch[k].outs[j] is not arr:
                 vid = ex.plan.nodes[k].outputs[j]
