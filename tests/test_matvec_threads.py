@@ -1,7 +1,9 @@
 """Rule `matvec_threads` (level "all"): weights just under OpenBLAS's threading threshold
-padded with zero columns, a Slice taking the real ones back. It changes how a product
-is computed (on both cores), never its value: checked against onnxruntime run after
-run on one input buffer, and by a token-exact decode of a SmolLM2-shaped llama."""
+padded with zero columns, a Slice taking the real ones back; and the layout level "all"
+gives MatMul weights on such a machine (column-major, but wide weights row-major). They
+change how a product is computed (on both cores, in another order), never its value:
+checked against onnxruntime run after run on one input buffer, and by a token-exact
+decode of a SmolLM2-shaped llama."""
 
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     ops = [n.op_type for n in session.graph.nodes]
     assert ops.count("Slice") == 2 and ops.count("MatMul") == 3
     wide = session.graph.initializers[session.graph.by_name[padded.result.iloc[0]]]
-    assert wide.shape == (576, 801) and not wide[:, 576:].any()
+    assert wide.shape == (576, 801) and not wide[:, 576:].any() and wide.flags.f_contiguous
+    assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
+        "576x960 is wide: OpenBLAS reads it faster as the file has it"
     oracle = ort_session(model)
     rng = np.random.default_rng(9)
     x = np.empty((1, rows, 576), np.float32)
@@ -114,3 +118,57 @@ def test_the_cuda_backend_keeps_its_weights_unpadded(threads):
         got = session.run(None, {"x": x})
         for g, w, name in zip(got, oracle.run(None, {"x": x.copy()}), ("a", "b_sq", "c_sum"), strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+def test_which_weights_openblas_reads_faster_row_major():
+    assert matvec_threads.keeps_row_major(576, 960) and matvec_threads.keeps_row_major(576, 49152)
+    assert not matvec_threads.keeps_row_major(576, 801), "about square: column-major"
+    assert not matvec_threads.keeps_row_major(1536, 576), "tall: column-major is faster"
+    assert not matvec_threads.keeps_row_major(64, 256), "in cache and single-threaded: no rule"
+
+
+def _siblings_model():
+    """x [1, 1, 576] -> three MatMuls: two wide siblings (576x1000 each, fused into one
+    576x2000) and a tall one (1536x576 after a Tile of x to 1536 features)."""
+    rng = np.random.default_rng(11)
+    w1, w2 = ((rng.standard_normal((576, 1000)) * 0.05).astype(np.float32) for _ in range(2))
+    w_tall = (rng.standard_normal((1536, 576)) * 0.05).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["g"]),
+         helper.make_node("MatMul", ["x", "w2"], ["u"]),
+         helper.make_node("Mul", ["g", "u"], ["h"]),
+         helper.make_node("Slice", ["h", "starts", "ends", "axes"], ["h_part"]),
+         helper.make_node("Concat", ["h_part", "h_part", "h_part"], ["h3"], axis=-1),
+         helper.make_node("MatMul", ["h3", "w_tall"], ["y"])],
+        "layouts", [tensor("x", [1, 1, 576])], [tensor("h", [1, 1, 1000]), tensor("y", [1, 1, 576])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(w_tall, "w_tall"), numpy_helper.from_array(np.array([0], np.int64), "starts"),
+         numpy_helper.from_array(np.array([512], np.int64), "ends"),
+         numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_wide_weights_stay_row_major_and_compute_what_onnxruntime_does(threads):
+    model = _siblings_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    rewrites = session.recording.rewrites()
+    fused = rewrites.query("rule == 'matmul_siblings'")
+    assert len(fused) == 1
+    weights = {session.graph.values[v].name: a for v, a in session.graph.initializers.items() if a.ndim == 2}
+    (fused_name, fused_weight), = ((n, a) for n, a in weights.items() if a.shape == (576, 2000))
+    assert fused_weight.flags.c_contiguous, f"{fused_name}: wide, written row-major once"
+    assert weights["w_tall"].flags.f_contiguous
+    assert rewrites.query("rule == 'matvec_layout'").result.tolist() == ["w_tall"]
+    oracle = ort_session(model)
+    rng = np.random.default_rng(12)
+    x = np.empty((1, 1, 576), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        for got, want, name in zip(session.run(None, {"x": x}), oracle.run(None, {"x": x.copy()}), "hy"):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+def test_one_thread_keeps_every_weight_column_major(monkeypatch):
+    monkeypatch.setattr(matvec_threads, "openblas_threads_available", lambda: False)
+    session = workbench.InferenceSession(_siblings_model(), SessionOptions(decode_memo_verify=False))
+    assert all(a.flags.f_contiguous for a in session.graph.initializers.values() if a.ndim == 2)

@@ -37,6 +37,7 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
+from .matvec_threads import matvec_order
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -82,9 +83,11 @@ def _own_weight(graph: Graph, node: Node, read_by: dict, outputs: set[int]) -> n
 def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_major: bool) -> Rewrite:
     weights = [graph.initializers[n.inputs[1]] for n in members]
     widths = [w.shape[1] for w in weights]
-    # written once, in the layout level "all" gives MatMul weights (matvec_layout then
-    # leaves it): a second copy of the model's largest weights would double load time
-    fused = np.empty((weights[0].shape[0], sum(widths)), weights[0].dtype, order="F" if column_major else "C")
+    # written once, in the layout level "all" gives MatMul weights on the cpu (matvec_layout
+    # then leaves it; another backend's is relaid): a second copy of the model's largest
+    # weights would double load time
+    rows, cols = weights[0].shape[0], sum(widths)
+    fused = np.empty((rows, cols), weights[0].dtype, order=matvec_order(rows, cols) if column_major else "C")
     at = 0
     for w in weights:
         fused[:, at:at + w.shape[1]] = w

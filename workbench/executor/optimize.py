@@ -10,7 +10,8 @@ file and why:
 - ``dead_node``: a node none of whose outputs is read (after folding, or in the file).
 - ``unused_initializer``: weights nothing reads any more, released.
 - ``matvec_layout`` (level ``all``): weights only MatMul reads as B stored column-major,
-  the layout one-token matrix-vector products read fastest.
+  the layout one-token matrix-vector products read fastest (on the CPU, but for wide
+  ones OpenBLAS reads faster as they are: `matvec_threads.keeps_row_major`).
 - ``matvec_threads`` (level ``all``, `matvec_threads.py`): a weight just under OpenBLAS's
   threading threshold padded with zero columns past it, a Slice taking the real ones.
 
@@ -35,7 +36,7 @@ from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
 from .graph_edit import Rewrite, copy_graph, read_values, readers
-from .matvec_threads import pad_for_threads
+from .matvec_threads import matvec_order, pad_for_threads
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
 
@@ -75,7 +76,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False,
     if level == "all":
         if backend == "cpu":  # numpy's BLAS threading; cuBLAS has no such threshold
             rewrites += pad_for_threads(out, graph.initializers if release else None)
-        rewrites += _matvec_layout(out, graph.initializers if release else None)
+        rewrites += _matvec_layout(out, graph.initializers if release else None, backend)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
     return out, rewrites
 
@@ -138,7 +139,7 @@ def _fold(graph: Graph, node: Node) -> dict[int, np.ndarray] | None:
     return folded
 
 
-def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
+def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> list[Rewrite]:
     """Weights only MatMul reads as B, stored column-major (same values, same shape).
 
     One-token decode is matrix-vector work bound by memory bandwidth; with B
@@ -147,7 +148,9 @@ def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
     largest, bandwidth-bound, unchanged). Prefill's matrix products get slower (up to
     about 1.5x), a one-time cost per prompt. The summation order changes with the
     layout, so results move within float rounding (level "all" only); a model gives the
-    same bits whether its weights are embedded or in external data (both are relaid)."""
+    same bits whether its weights are embedded or in external data (both are relaid).
+    On the cpu backend with a multithreaded OpenBLAS a wide weight stays row-major, which
+    that sgemv reads faster (`keeps_row_major`)."""
     read_by = readers(graph)
     outputs = set(graph.outputs)
     rewrites = []
@@ -156,7 +159,8 @@ def _matvec_layout(graph: Graph, release: dict | None) -> list[Rewrite]:
         uses = read_by.get(vid, [])
         if (array.ndim != 2 or array.dtype not in (np.float32, np.float64) or vid in outputs or not uses
                 or array.shape[0] < 2 or array.shape[1] < 2 or array.flags.f_contiguous
-                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
+                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)
+                or matvec_order(*array.shape, backend) == "C"):
             continue
         graph.initializers[vid] = np.asfortranarray(array)
         if release is not None:
