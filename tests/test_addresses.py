@@ -58,3 +58,12 @@ def test_an_array_that_owns_its_bytes_and_a_view_are_found_where_they_are():
         del fresh, view
         gc.collect()
 
+
+
+def test_same_objects_is_identity_position_by_position():
+    from workbench.addresses import same_objects
+
+    a, b = np.zeros(3), np.zeros(3)
+    assert same_objects([a, None, b], (a, None, b))
+    assert not same_objects([a, b], (b, a)), "equal contents, other objects"
+    assert not same_objects([a], (a, b)) and not same_objects([a, a.view()], (a, a))

@@ -63,7 +63,8 @@ METADATA_ATTRS = {"shape", "ndim", "size", "dtype", "itemsize", "nbytes", "strid
                   "ctypes", "ptr", "device", "__array_interface__", "c_contiguous", "f_contiguous"}
 #: calls whose result never carries an input's values
 CLEAN_CALLS = {"host_read", "len", "isinstance", "id", "type", "hasattr", "callable",
-               "np.dtype", "np.may_share_memory", "np.result_type", "np.promote_types"}
+               "np.dtype", "np.may_share_memory", "np.result_type", "np.promote_types",
+               "same_objects"}  # workbench.addresses.same_objects: identities, as `id`
 #: at an entry point, a parameter annotated as one of these is a host value by contract
 HOST_ANNOTATIONS = ("int", "bool", "str", "float", "tuple", "np.dtype", "list[int]", "NodeInfo",
                     "Callable")

@@ -1,4 +1,5 @@
-"""Where an array's first element lives: host pointer (numpy) or device pointer (CuPy).
+"""Where an array's first element lives (host pointer for numpy, device pointer for
+CuPy), and whether two sequences hold the very same arrays.
 
 Addresses are how the executor tells a buffer that stayed from one that moved
 (capture bindings, memo guards, view offsets, io_buffers rows), so they are read
@@ -11,6 +12,7 @@ and is about twice as cheap to read.
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Any
 
 import numpy as np
@@ -37,3 +39,9 @@ def address(a: Any) -> int:
         return data or 0
     iface = getattr(a, "__array_interface__", None)
     return iface["data"][0] if iface is not None else a.data.ptr
+
+
+def same_objects(now: Any, then: tuple) -> bool:
+    """Whether two sequences hold the very same objects, position by position (for a
+    cache keyed on arrays that are held meanwhile, so no identity is reused)."""
+    return len(now) == len(then) and all(map(operator.is_, now, then))

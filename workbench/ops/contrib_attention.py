@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..addresses import address
+from ..addresses import address, same_objects
 from ..errors import KernelError
 from .contrib import (
     F16,
@@ -432,26 +432,40 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             return out
         return emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
 
+    last_setup: list = [None]  # (inputs, outputs, setup) of the last call `decode_setup` ran for
+
     def decode_token(inputs: list, outs: list) -> list | None:
         """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
         general path's result computed over views of 0..pos, or None where it does not
-        apply. K/V go straight into the present buffer at pos = seqlens_k[0]."""
+        apply. K/V go straight into the present buffer at pos = seqlens_k[0].
+
+        The checks' outcome is a function of the arrays' shapes and addresses only, so
+        for the very same input and output arrays as the last call (a replayed launch
+        passes the same ones every step) it is reused; the arrays are held meanwhile."""
+        cached = last_setup[0]
+        if cached is not None and same_objects(inputs, cached[0]) and same_objects(outs, cached[1]):
+            setup = cached[2]
+        else:
+            setup = decode_setup(inputs, outs)
+            # a setup that read total_sequence_length's value is not kept: that may change
+            last_setup[0] = (tuple(inputs), tuple(outs), setup) if setup is not None and not setup[-1] else None
+        if setup is None:
+            return None
+        return decode_with(inputs, outs, *setup[:-1])
+
+    def decode_setup(inputs: list, outs: list) -> tuple | None:
+        """(head_size, past_len, present_len, present_shape, shared, read_total) when the
+        one-token path applies to these arrays, else None."""
         n_in, n_out = len(inputs), len(outs)
         query = inputs[0]
         if n_in < 7 or n_out < 3 or query.shape[0] != 1 or query.shape[1] != 1:
             return None
         key, value, past_key, past_value, seqlens_k, total_tensor = inputs[1:7]
-        position_ids = attention_bias = head_sink = None
-        cos_cache = sin_cache = None
-        if n_in > 7:
-            cos_cache, sin_cache = inputs[7], inputs[8] if n_in > 8 else None
-            if n_in > 9:
-                position_ids = inputs[9]
-                attention_bias = inputs[10] if n_in > 10 else None
-                head_sink = inputs[11] if n_in > 11 else None
-                for extra in inputs[14:17]:  # q/k norm (the general path rejects them), query_seqlens
-                    if extra is not None:
-                        return None
+        cos_cache = inputs[7] if n_in > 7 else None
+        sin_cache = inputs[8] if n_in > 8 else None
+        attention_bias = inputs[10] if n_in > 10 else None
+        if any(extra is not None for extra in inputs[14:17]):  # q/k norm (the general path rejects them), query_seqlens
+            return None
         if past_key is None or past_value is None or seqlens_k.size != 1:
             return None
         if n_out > 3 and (outs[3] is not None or used_qk):
@@ -471,6 +485,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if (past_value.shape != cache_shape or cache_shape[0] != 1 or cache_shape[1] != kv_num_heads
                 or cache_shape[3] != head_size):
             return None
+        read_total = out_k is None and out_v is None
         if out_v is not None:
             present_len = out_v.shape[2]
         elif out_k is not None:
@@ -496,6 +511,19 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
                                            or attention_bias.shape[2] != 1):
             return None
+        return head_size, past_len, present_len, present_shape, shared, read_total
+
+    def decode_with(inputs: list, outs: list, head_size: int, past_len: int, present_len: int,
+                    present_shape: tuple, shared: list) -> list:
+        """`decode_token`'s computation, once `decode_setup` has checked the arrays."""
+        n_in, n_out = len(inputs), len(outs)
+        query, key, value, past_key, past_value, seqlens_k = inputs[:6]
+        cos_cache = inputs[7] if n_in > 7 else None
+        sin_cache = inputs[8] if n_in > 8 else None
+        position_ids = inputs[9] if n_in > 9 else None
+        attention_bias = inputs[10] if n_in > 10 else None
+        head_sink = inputs[11] if n_in > 11 else None
+        out_k, out_v = outs[1], outs[2]
 
         # The position pos = seqlens_k[0] stays where the backend computes (a (1,) array):
         # the new K/V row is scattered to it and attention masks the rows after it, so
