@@ -1,6 +1,7 @@
 """The ONNX backend node test cases, run through workbench.InferenceSession.
 
-Every case must pass unless it is listed in `EXPECTED_FAILURES` with its reason;
+Every case must pass unless it is listed in `EXPECTED_FAILURES` with its reason (or draws
+random numbers: `RANDOM_CASES`);
 every op in `NATIVE_OPS` must run on its native kernel (not the onnx.reference
 fallback) for the dtypes numpy computes natively.
 """
@@ -25,12 +26,14 @@ RMSNormalization SimplifiedLayerNormalization If Loop Scan
 
 # Every case we do not pass, with the reason. onnx.reference fails these too.
 EXPECTED_FAILURES = {
-    **{name: "Bernoulli draws random numbers: no implementation can match the stored sample"
-       for name in ("test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded",
-                    "test_bernoulli_expanded", "test_bernoulli_seed", "test_bernoulli_seed_expanded")},
     "test_if_opt": "onnx.reference's Optional wraps the sequence one level deeper than the "
                    "stored expectation (onnx.reference fails it the same way)",
 }
+# Bernoulli draws random numbers: a run matches the stored sample only by chance (ten
+# draws: now and then they do), so these pass or fail; neither says anything
+RANDOM_CASES = {name: "Bernoulli draws random numbers: no implementation can match the stored sample"
+                for name in ("test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded",
+                             "test_bernoulli_expanded", "test_bernoulli_seed", "test_bernoulli_seed_expanded")}
 
 # Input/output dtypes numpy has no arithmetic for: cases using them may run on the fallback.
 _EXOTIC_KINDS = ("bfloat16", "float8", "float4", "int4", "uint4", "int2", "uint2")
@@ -49,6 +52,8 @@ def _make_runner(model):
 @pytest.mark.parametrize("case", _cases())
 def test_node_case(case):
     why = run_case(case, _make_runner)
+    if case.name in RANDOM_CASES and why is not None:
+        pytest.xfail(RANDOM_CASES[case.name])
     if case.name in EXPECTED_FAILURES:
         assert why is not None, f"{case.name} now passes: remove it from EXPECTED_FAILURES"
         pytest.xfail(EXPECTED_FAILURES[case.name])
