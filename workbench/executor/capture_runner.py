@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Any
 
-from ..addresses import address
+from ..addresses import address, same_objects
 from ..errors import KernelError
 from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
@@ -364,4 +364,4 @@ def _holds_exactly(entries: list[tuple[int, Any]]) -> Any:
         return lambda env: env[vid] is only
     vids, objects = zip(*entries)
     get = operator.itemgetter(*vids)
-    return lambda env: all(map(operator.is_, get(env), objects))
+    return lambda env: same_objects(get(env), objects)
