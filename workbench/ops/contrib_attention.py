@@ -381,12 +381,13 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
     used_present = (used(info, 1), used(info, 2))
     used_qk = bool(qk_output) and used(info, 3)
-    if xp is np:  # what ndarray.max / .sum call, without their Python wrappers
-        def row_reduce(ufunc: Any, a: Any) -> Any:
-            return ufunc.reduce(a, axis=-1, keepdims=True)
-    else:
-        def row_reduce(ufunc: Any, a: Any) -> Any:
-            return a.max(axis=-1, keepdims=True) if ufunc is xp.maximum else a.sum(axis=-1, keepdims=True)
+
+    # numpy: what ndarray.max / .sum call, without their Python wrappers
+    def row_max(a: Any) -> Any:
+        return np.maximum.reduce(a, axis=-1, keepdims=True) if xp is np else a.max(axis=-1, keepdims=True)
+
+    def row_sum(a: Any) -> Any:
+        return np.add.reduce(a, axis=-1, keepdims=True) if xp is np else a.sum(axis=-1, keepdims=True)
 
     def attend_one_token(q: Any, keys: Any, values: Any, bias: Any, allowed: Any, head_sink: Any,
                          out: Any, ct: np.dtype) -> Any:
@@ -417,14 +418,14 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             sink = head_sink.reshape(kv_num_heads, group, 1).astype(ct, copy=False)
         elif smooth_softmax:
             sink = xp.zeros((1, 1, 1), dtype=ct)
-        row_max = row_reduce(xp.maximum, scores)
+        top = row_max(scores)
         if sink is not None:
-            row_max = xp.maximum(row_max, sink)
-        scores -= row_max
+            top = xp.maximum(top, sink)
+        scores -= top
         xp.exp(scores, out=scores)
-        denom = row_reduce(xp.add, scores)
+        denom = row_sum(scores)
         if sink is not None:
-            denom += xp.exp(sink - row_max)
+            denom += xp.exp(sink - top)
         scores /= denom
         q_hidden = num_heads * head_size
         if out is not None and out.dtype == ct and out.shape == (1, 1, q_hidden) and out.flags.c_contiguous:
