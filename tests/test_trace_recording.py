@@ -165,6 +165,31 @@ def test_liveness_frame(rec):
     assert df[df.step == 1].set_index("value").loc["s", "bytes"] == 192
 
 
+def test_liveness_nbytes_patch_is_the_rows_with_those_nbytes():
+    """A step passing its last rows with an nbytes patch reads back exactly as if it had
+    passed the patched rows; a bad patch is refused at once."""
+    rows = ((0, "input", 0, 16, -1, 1, False, -1), (1, "owner", 1, 32, 0, 2, False, -1),
+            (2, "view", 1, 0, 1, 2, False, -1))
+    patched, plain = Recording(), Recording()
+    for nbytes in (None, (48,), (48,), (64,)):
+        for r in (patched, plain):
+            r.begin_step()
+        patched.liveness(rows, None if nbytes is None else ((1,), nbytes))
+        plain.liveness(rows if nbytes is None else tuple(
+            (v, k, o, nbytes[0] if i == 1 else b, f, lu, pin, rel)
+            for i, (v, k, o, b, f, lu, pin, rel) in enumerate(rows)))
+        for r in (patched, plain):
+            r.end_step(0.0)
+    assert patched.liveness().equals(plain.liveness())
+    assert patched.liveness().query("value_id == 1").bytes.tolist() == [32, 48, 48, 64]
+    r = Recording()
+    r.begin_step()
+    with pytest.raises(TraceError, match="positions must lie within the 3 rows"):
+        r.liveness(rows, ((3,), (8,)))
+    with pytest.raises(TraceError, match="2 positions for 1 sizes"):
+        r.liveness(rows, ((0, 1), (8,)))
+
+
 def test_buffer_node_alias_materialize_frames(rec):
     b = rec.buffer_events()
     assert list(b.columns) == ["step", "event", "value", "bytes", "plan_index", "node", "value_id", "seq"]
