@@ -155,6 +155,35 @@ def test_skip_layer_norm(simplified, skip_shape, extras, outputs):
     check(op, MS, inputs, list(outputs), {"epsilon": 1e-5}, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("sum_into", ["own", "x", "skip"])
+@pytest.mark.parametrize("outputs", [("y", "", "", "sum"), ("y", "mean", "inv", "sum")])
+def test_skip_simplified_layer_norm_one_row_on_stable_buffers(sum_into, outputs):
+    """Decode's pattern: one row, the same input and output arrays every run (the sum
+    output perhaps x's or skip's own buffer, as an in-place plan lends it), new contents
+    each time; eight runs, each against onnxruntime."""
+    r = rng_for("sln_stable", sum_into, outputs)
+    x, skip = np.empty((1, 1, 576), np.float32), np.empty((1, 1, 576), np.float32)
+    gamma = r.standard_normal(576).astype(np.float32)
+    inputs = [("x", x), ("skip", skip), ("gamma", gamma)]
+    x[...], skip[...] = r.standard_normal((2, 1, 1, 576))
+    expected, node = run_ort("SkipSimplifiedLayerNormalization", MS, 1, [(n, a.copy()) for n, a in inputs],
+                             list(outputs), {"epsilon": 1e-6})
+    _, fn = build_kernel(node, 1, inputs, outputs, [None if e is None else e.dtype for e in expected],
+                         [None if e is None else e.shape for e in expected])
+    outs = [None if e is None else np.empty_like(e) for e in expected]
+    outs[3] = {"own": outs[3], "x": x, "skip": skip}[sum_into]
+    for run in range(8):
+        x[...], skip[...] = r.standard_normal((2, 1, 1, 576))
+        feeds = [(n, a.copy()) for n, a in inputs]
+        want, _ = run_ort("SkipSimplifiedLayerNormalization", MS, 1, feeds, list(outputs), {"epsilon": 1e-6})
+        got = fn([x, skip, gamma], list(outs))
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w is None:
+                continue
+            assert g is outs[i]
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5, err_msg=f"run {run} output {outputs[i]}")
+
+
 @pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
 def test_skip_layer_norm_fp16_and_2d(op):
     r = rng_for("sln16", op)

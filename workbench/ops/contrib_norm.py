@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..addresses import same_objects
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .registry import KernelFn, NodeInfo, register
 
@@ -34,8 +35,31 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         def row_sum(a: Any, axis: int, keepdims: bool) -> Any:
             return xp.sum(a, axis=axis, keepdims=keepdims)
     scalars: dict = {}  # (compute dtype, hidden) -> (hidden, eps) as scalars of that dtype
+    #: (inputs, outputs, `one_row` arguments) of the last one-row call into preallocated
+    #: outputs: the same arrays again (a replayed launch) go straight to `one_row`
+    last_row: list = [None]
+
+    def one_row(x: Any, skip: Any, gamma: Any, s: Any, y: Any, flat: Any, s_flat: Any,
+                consts: tuple, ct: np.dtype, results: tuple) -> list:
+        """The simplified norm of one row into its sum and output buffers."""
+        np.add(x, skip, out=s, dtype=ct)
+        return normalize_row(gamma, s, y, flat, s_flat, consts, ct, results)
+
+    def normalize_row(gamma: Any, s: Any, y: Any, flat: Any, s_flat: Any, consts: tuple, ct: np.dtype,
+                      results: tuple) -> list:
+        """`one_row` once the sum is in `s`: the scale as host scalars of the compute
+        dtype, with the array path's roundings (a float64 sqrt rounded to float32 is
+        float32's sqrt)."""
+        np.multiply(s, s, out=y)
+        denom = ct.type(math.sqrt(np.add.reduce(flat) / consts[0] + consts[1]))
+        np.divide(s_flat, denom, out=flat)
+        np.multiply(flat, gamma, out=flat, dtype=ct)
+        return list(results)
 
     def run(inputs: list, outs: list) -> list:
+        cached = last_row[0]
+        if cached is not None and same_objects(inputs, cached[0]) and same_objects(outs, cached[1]):
+            return one_row(*cached[2])
         n_in, n_out = len(inputs), len(outs)
         x, skip, gamma = inputs[0], inputs[1], inputs[2]
         if simplified:
@@ -58,8 +82,15 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
             xp.add(s, bias, out=s, dtype=ct)
         # y's buffer (the output itself where it holds the compute dtype) first takes s * s
         y = y_out if (y_out is not None and y_out.dtype == ct and y_out.shape == s.shape) else None
-        y = xp.multiply(s, s, out=y)
         mean = None
+        if (simplified and xp is np and s.size == hidden and s is s_buf and y is y_out and bias is None
+                and gamma.ndim == 1 and not any(n_out > i and (outs[i] is not None or wanted[i]) for i in (1, 2))):
+            # one row (decode) into preallocated outputs: kept for the same arrays again
+            # (the sum is in s already: it may be x's or skip's own buffer, written in place)
+            plan = (gamma, s, y, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
+            last_row[0] = (tuple(inputs), tuple(outs), (x, skip, *plan))
+            return normalize_row(*plan)
+        y = xp.multiply(s, s, out=y)
         if simplified and xp is np and s.size == hidden:
             # one row (decode): the scale as host scalars of the compute dtype, with the
             # array path's roundings (a float64 sqrt rounded to float32 is float32's sqrt)
