@@ -67,3 +67,16 @@ def test_same_objects_is_identity_position_by_position():
     assert same_objects([a, None, b], (a, None, b))
     assert not same_objects([a, b], (b, a)), "equal contents, other objects"
     assert not same_objects([a], (a, b)) and not same_objects([a, a.view()], (a, a))
+
+
+def test_same_arrays_keeps_a_value_for_exactly_those_arrays():
+    from workbench.addresses import SameArrays
+
+    a, b, out = np.zeros(3), np.zeros(3), np.zeros(3)
+    kept = SameArrays()
+    assert kept.kept_for([a, b], [out]) is None
+    kept.keep([a, b], [out], "plan")
+    assert kept.kept_for([a, b], [out]) == "plan"
+    assert kept.kept_for([a, b.copy()], [out]) is None and kept.kept_for([a, b], [None]) is None
+    kept.keep([a, b], [out], None)
+    assert kept.kept_for([a, b], [out]) is None, "None forgets"

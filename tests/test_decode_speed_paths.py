@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_session as _ort
+from oracles import runs_on_one_buffer
 from oracles import tensor as _tensor
 
 import workbench
@@ -164,12 +165,7 @@ def test_sibling_matmuls_fused_vs_onnxruntime(rows, opset):
     assert len(fused) == 1 and list(fused.original_ops.iloc[0]) == ["MatMul"] * 3
     ops = [n.op_type for n in session.graph.nodes]
     assert ops.count("MatMul") == 2 and ops.count("Split") == 1, "q/k/v fused; the shared weight's MatMul apart"
-    oracle = _ort(model)
-    rng = np.random.default_rng(22)
-    x = np.empty((1, rows, 6), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        got = session.run(None, {"x": x})
-        want = oracle.run(None, {"x": x.copy()})
-        for g, w, name in zip(got, want, ("q_out", "k_out", "v", "shared_out", "w3_total"), strict=True):
-            _close(g, w, run, name)
+    runs = runs_on_one_buffer(session, _ort(model), (1, rows, 6), RUNS, np.random.default_rng(22),
+                              names=("q_out", "k_out", "v", "shared_out", "w3_total"))
+    for run, name, g, w in runs:
+        _close(g, w, run, name)

@@ -65,6 +65,9 @@ METADATA_ATTRS = {"shape", "ndim", "size", "dtype", "itemsize", "nbytes", "strid
 CLEAN_CALLS = {"host_read", "len", "isinstance", "id", "type", "hasattr", "callable",
                "np.dtype", "np.may_share_memory", "np.result_type", "np.promote_types",
                "same_objects"}  # workbench.addresses.same_objects: identities, as `id`
+#: methods whose result never carries an input's values: `SameArrays.kept_for` returns what
+#: a kernel worked out from its arrays' metadata and kept (or None)
+CLEAN_METHODS = {"kept_for"}
 #: at an entry point, a parameter annotated as one of these is a host value by contract
 HOST_ANNOTATIONS = ("int", "bool", "str", "float", "tuple", "np.dtype", "list[int]", "NodeInfo",
                     "Callable")
@@ -457,7 +460,8 @@ class _FunctionLint:
             root = _root_name(func.value)
             if root is not None:
                 self.env.names[root] = True
-        if name in CLEAN_CALLS or name.endswith(".host_read"):
+        if name in CLEAN_CALLS or name.endswith(".host_read") or (
+                isinstance(func, ast.Attribute) and func.attr in CLEAN_METHODS):
             return False
         if isinstance(func, ast.Name) and name in CONVERTING_BUILTINS:
             if first if name not in ("min", "max") else any(args):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
-from oracles import ort_session, tensor
+from oracles import ort_session, runs_on_one_buffer, tensor
 
 import workbench
 import workbench.executor.matvec_threads as matvec_threads
@@ -75,16 +75,11 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     assert wide.shape == (576, 801) and not wide[:, 576:].any() and wide.flags.f_contiguous
     assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
         "576x960 is wide: OpenBLAS reads it faster as the file has it"
-    oracle = ort_session(model)
-    rng = np.random.default_rng(9)
-    x = np.empty((1, rows, 576), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        got = session.run(None, {"x": x})
-        want = oracle.run(None, {"x": x.copy()})
-        for g, w, name in zip(got, want, ("a", "b_sq", "c_sum"), strict=True):
-            assert g.shape == w.shape, name
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+    runs = runs_on_one_buffer(session, ort_session(model), (1, rows, 576), RUNS, np.random.default_rng(9),
+                              names=("a", "b_sq", "c_sum"))
+    for run, name, g, w in runs:
+        assert g.shape == w.shape, name
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
 
 
 def test_smollm2_shaped_llama_decodes_token_exact_with_padded_projections(threads):
@@ -110,14 +105,10 @@ def test_the_cuda_backend_keeps_its_weights_unpadded(threads):
     model = _model(rows=1)
     session = workbench.InferenceSession(model, backend="cuda")
     assert session.recording.rewrites().query("rule == 'matvec_threads'").empty
-    oracle = ort_session(model)
-    rng = np.random.default_rng(4)
-    x = np.empty((1, 1, 576), np.float32)  # one buffer, new contents every run
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        got = session.run(None, {"x": x})
-        for g, w, name in zip(got, oracle.run(None, {"x": x.copy()}), ("a", "b_sq", "c_sum"), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(4),
+                              names=("a", "b_sq", "c_sum"))
+    for run, name, g, w in runs:
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
 
 
 def test_which_weights_openblas_reads_faster_row_major():
@@ -159,13 +150,10 @@ def test_wide_weights_stay_row_major_and_compute_what_onnxruntime_does(threads):
     assert fused_weight.flags.c_contiguous, f"{fused_name}: wide, written row-major once"
     assert weights["w_tall"].flags.f_contiguous
     assert rewrites.query("rule == 'matvec_layout'").result.tolist() == ["w_tall"]
-    oracle = ort_session(model)
-    rng = np.random.default_rng(12)
-    x = np.empty((1, 1, 576), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        for got, want, name in zip(session.run(None, {"x": x}), oracle.run(None, {"x": x.copy()}), "hy"):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(12),
+                              names="hy")
+    for run, name, got, want in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
 
 
 def test_one_thread_keeps_every_weight_column_major(monkeypatch):

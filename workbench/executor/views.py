@@ -67,15 +67,11 @@ class KnownAddresses:
                 return entry[4]
         root = storage_root(arr)
         if root is arr:  # owns its bytes (a fresh array): one address read, one weak reference
-            try:
-                ref = weakref.ref(arr)
-            except TypeError:
-                addr = address(arr)
-                return (addr, addr, int(nbytes))
-            addr = address(arr)
-            self._now[key] = (ref, nbytes, addr)
+            addr = self.address(arr)
             found = (addr, addr, int(nbytes))
-            self._roots_now[key] = (ref, nbytes, None, nbytes, found)
+            entry = self._now.get(key)  # absent: no weak references to it, read every time
+            if entry is not None:
+                self._roots_now[key] = (entry[0], nbytes, None, nbytes, found)
             return found
         root_nbytes = int(getattr(root, "nbytes", nbytes))
         found = (self.address(arr), self.address(root) if hasattr(root, "nbytes") else address(root), root_nbytes)
