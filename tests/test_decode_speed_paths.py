@@ -18,6 +18,7 @@ from oracles import tensor as _tensor
 
 import workbench
 import workbench.ops.contrib_attention as contrib_attention
+import workbench.ops.gqa_host_decode as gqa_host_decode
 from workbench import SessionOptions
 
 RUNS = 8
@@ -28,32 +29,59 @@ def _close(got, want, run, what):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {what}")
 
 
-def _gqa_decode_model(*, heads=6, kv_heads=2, head=16, hidden=32, capacity=24, max_pos=64, window=-1):
-    """x -> MatMul -> GroupQueryAttention (rotary, one token) with a fixed-capacity cache."""
+def _gqa_decode_model(*, heads=6, kv_heads=2, head=16, hidden=32, capacity=24, max_pos=64, window=-1,
+                      qkv="packed", rotary=True):
+    """x -> MatMul -> GroupQueryAttention (one token) with a fixed-capacity cache. Q/K/V
+    come packed in one input (`qkv="packed"`), as the three views a Split of the fused
+    projection gives ("split"), or from MatMuls of their own ("separate"), K's apart
+    from Q's."""
     rng = np.random.default_rng(11)
     width = (heads + 2 * kv_heads) * head
-    w = numpy_helper.from_array((rng.standard_normal((hidden, width)) * 0.3).astype(np.float32), "w_qkv")
+    w = (rng.standard_normal((hidden, width)) * 0.3).astype(np.float32)
     angles = np.arange(max_pos)[:, None] * (1.0 / 10000 ** (np.arange(head // 2) / (head // 2)))[None]
-    cos = numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos")
-    sin = numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")
+    initializers = []
+    if rotary:
+        initializers += [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+                         numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
+    widths = [heads * head, kv_heads * head, kv_heads * head]
+    if qkv == "packed":
+        nodes = [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"])]
+        initializers.append(numpy_helper.from_array(w, "w_qkv"))
+        qkv_inputs = ["qkv", "", ""]
+    elif qkv == "split":
+        nodes = [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"]),
+                 helper.make_node("Split", ["qkv", "widths"], ["q", "k", "v"], axis=-1)]
+        initializers += [numpy_helper.from_array(w, "w_qkv"),
+                         numpy_helper.from_array(np.array(widths, np.int64), "widths")]
+        qkv_inputs = ["q", "k", "v"]
+    else:
+        edges = np.cumsum([0] + widths)
+        # k from -x: no sibling of q's MatMul, so not fused into a buffer beside it
+        nodes = [helper.make_node("Neg", ["x"], ["minus_x"])]
+        nodes += [helper.make_node("MatMul", ["minus_x" if n == "k" else "x", f"w_{n}"], [n]) for n in "qkv"]
+        initializers += [numpy_helper.from_array(np.ascontiguousarray(w[:, a:b]), f"w_{n}")
+                         for n, a, b in zip("qkv", edges[:-1], edges[1:])]
+        qkv_inputs = ["q", "k", "v"]
     kv_shape = [1, kv_heads, capacity, head]
+    nodes.append(helper.make_node(
+        "GroupQueryAttention",
+        qkv_inputs + ["past_key", "past_value", "seqlens_k", "total_sequence_length"]
+        + (["cos", "sin"] if rotary else []),
+        ["attn", "present_key", "present_value"], domain="com.microsoft",
+        num_heads=heads, kv_num_heads=kv_heads, do_rotary=int(rotary), local_window_size=window))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"]),
-         helper.make_node("GroupQueryAttention",
-                          ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-                           "cos", "sin"],
-                          ["attn", "present_key", "present_value"], domain="com.microsoft",
-                          num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, local_window_size=window)],
-        "gqa_decode",
+        nodes, "gqa_decode",
         [_tensor("x", [1, 1, hidden]), _tensor("past_key", kv_shape), _tensor("past_value", kv_shape),
          _tensor("seqlens_k", [1], TensorProto.INT32), _tensor("total_sequence_length", [], TensorProto.INT32)],
         [_tensor("attn", [1, 1, heads * head]), _tensor("present_key", kv_shape),
          _tensor("present_value", kv_shape)],
-        [w, cos, sin])
+        initializers)
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8), kv_shape, hidden
 
 
 class _CountHostPositions:
+    """Counts the one-token path's host reads of the position (both of its forms)."""
+
     def __init__(self, monkeypatch):
         self.calls = 0
         real = contrib_attention.numpy_first_int
@@ -62,15 +90,35 @@ class _CountHostPositions:
             self.calls += 1
             return real(array)
         monkeypatch.setattr(contrib_attention, "numpy_first_int", counting)
+        monkeypatch.setattr(gqa_host_decode, "numpy_first_int", counting)
 
 
-@pytest.mark.parametrize("window", [-1, 5])
-def test_gqa_host_position_path_on_a_shared_fixed_cache_vs_onnxruntime(monkeypatch, window):
+class _CountPreparedCalls:
+    """Counts the calls `HostDecode` (views prepared once per set of arrays) served."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = gqa_host_decode.HostDecode.run
+
+        def counting(plan, *args):
+            result = real(plan, *args)
+            self.calls += result is not None
+            return result
+        monkeypatch.setattr(gqa_host_decode.HostDecode, "run", counting)
+
+
+@pytest.mark.parametrize(("window", "qkv", "rotary"), [
+    (-1, "packed", True), (5, "packed", True), (-1, "split", True), (5, "separate", True),
+    (-1, "split", False)])
+def test_gqa_host_position_path_on_a_shared_fixed_cache_vs_onnxruntime(monkeypatch, window, qkv, rotary):
     """The shared KV buffer bound in place (the fixed-KV decode loop): attention reads
     rows 0..pos of a 24-row cache, pos read on the host at every call — including the
-    captured replays, which re-run the kernel with the new position."""
+    captured replays, which re-run the kernel with the new position. Q/K/V packed, as
+    adjacent Split views (rotated through one view of both) or in buffers of their own
+    (put side by side each call)."""
     counter = _CountHostPositions(monkeypatch)
-    model, kv_shape, hidden = _gqa_decode_model(window=window)
+    prepared = _CountPreparedCalls(monkeypatch)
+    model, kv_shape, hidden = _gqa_decode_model(window=window, qkv=qkv, rotary=rotary)
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
     oracle = _ort(model)
     rng = np.random.default_rng(5)
@@ -98,16 +146,20 @@ def test_gqa_host_position_path_on_a_shared_fixed_cache_vs_onnxruntime(monkeypat
         _close(key, want[1], run, "present_key")
         _close(value, want[2], run, "present_value")
         ref_key, ref_value = want[1], want[2]
-    assert counter.calls == 2 * RUNS, "every run reads its position on the host (rotary row, cache row)"
+    # every run reads its position on the host, once (the rotary row and the cache row share it)
+    assert counter.calls == RUNS
+    assert prepared.calls == RUNS, "every run must take the prepared call for this to bite"
     assert (session.recording.capture_events().event == "replay").any(), "the replays must run for this to bite"
 
 
-def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch):
+@pytest.mark.parametrize("qkv", ["packed", "split"])
+def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch, qkv):
     """Growing KV (a new, one-row-longer present each step): past rows copied, the new
-    row appended, attention over all of them."""
+    row appended, attention over all of them; only the caches' checks are redone."""
     counter = _CountHostPositions(monkeypatch)
+    prepared = _CountPreparedCalls(monkeypatch)
     heads, kv_heads, head, hidden = 6, 2, 16, 32
-    model, _, _ = _gqa_decode_model(heads=heads, kv_heads=kv_heads, head=head, hidden=hidden)
+    model, _, _ = _gqa_decode_model(heads=heads, kv_heads=kv_heads, head=head, hidden=hidden, qkv=qkv)
     for vi in list(model.graph.input)[1:3] + list(model.graph.output)[1:]:
         vi.type.tensor_type.shape.dim[2].dim_param = "past" if vi.name.startswith("past") else "total"
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
@@ -126,7 +178,8 @@ def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch):
         for i, what in enumerate(("attention output", "present_key", "present_value")):
             _close(got[i], want[i], run, what)
         past_key, past_value = want[1], want[2]
-    assert counter.calls == 2 * RUNS
+    assert counter.calls == RUNS
+    assert prepared.calls == RUNS
 
 
 def _sibling_matmul_model(rows, opset):

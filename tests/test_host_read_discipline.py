@@ -64,7 +64,8 @@ METADATA_ATTRS = {"shape", "ndim", "size", "dtype", "itemsize", "nbytes", "strid
 #: calls whose result never carries an input's values
 CLEAN_CALLS = {"host_read", "len", "isinstance", "id", "type", "hasattr", "callable",
                "np.dtype", "np.may_share_memory", "np.result_type", "np.promote_types",
-               "same_objects"}  # workbench.addresses.same_objects: identities, as `id`
+               "same_objects",  # workbench.addresses.same_objects: identities, as `id`
+               "address"}  # workbench.addresses.address: the data pointer, metadata like `.ctypes`
 #: methods whose result never carries an input's values: `SameArrays.kept_for` returns what
 #: a kernel worked out from its arrays' metadata and kept (or None)
 CLEAN_METHODS = {"kept_for"}

@@ -36,6 +36,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
+from .gqa_host_decode import HostDecode, signed_sin_table
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -265,7 +266,7 @@ def _same_buffer(a: Any, b: Any) -> bool:
         return False
     if a is b:
         return True
-    return a.shape == b.shape and a.strides == b.strides and address(a) == address(b)  # host-ok: addresses, not values
+    return a.shape == b.shape and a.strides == b.strides and address(a) == address(b)
 
 
 def _overlap(a: Any, b: Any) -> bool:
@@ -286,7 +287,7 @@ def _overlap(a: Any, b: Any) -> bool:
         return lo, hi + x.itemsize
 
     (a0, a1), (b0, b1) = extent(a), extent(b)
-    return a0 < b1 and b0 < a1  # host-ok: address ranges, not values
+    return a0 < b1 and b0 < a1
 
 
 # --- GroupQueryAttention ----------------------------------------------------------------
@@ -433,7 +434,22 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             return out
         return emit(out, xp.matmul(scores, values).reshape(1, 1, q_hidden), dtype)
 
-    checked = SameArrays()  # the last call's `decode_setup`
+    checked = SameArrays()  # the last call's setup, for the very same arrays
+    # what holds for the arrays other than the past/present caches (a growing cache's are
+    # new every step; these are not): the head size and, on numpy in the plain
+    # configuration, the prepared `HostDecode`
+    steady, prepared = SameArrays(), SameArrays()
+    plain_host = xp is np and softcap == 0.0 and not smooth_softmax
+    signed_sin: list = [None, None]  # (the sin cache initializer, its signed table)
+
+    def signed_sin_of(sin_cache: Any) -> Any:
+        """The signed table of the model's own sin cache (an initializer, never written);
+        None for a sin cache computed or fed at run time, whose contents may change."""
+        if sin_cache is None or sin_cache is not info.initializer_inputs.get(8):
+            return None
+        if signed_sin[0] is not sin_cache:
+            signed_sin[:] = [sin_cache, signed_sin_table(sin_cache)]
+        return signed_sin[1]
 
     def decode_token(inputs: list, outs: list) -> list | None:
         """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
@@ -442,35 +458,55 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
         The checks' outcome is a function of the arrays' shapes and addresses only, so
         for the very same input and output arrays as the last call (a replayed launch
-        passes the same ones every step) it is reused; the arrays are held meanwhile."""
+        passes the same ones every step) it is reused; the arrays are held meanwhile.
+        With new caches only, only their checks are redone."""
         setup = checked.kept_for(inputs, outs)
+        fixed_inputs, fixed_outs = inputs[:3] + inputs[5:], outs[:1] + outs[3:]
         if setup is None:
-            setup = decode_setup(inputs, outs)
+            head_size = steady.kept_for(fixed_inputs, fixed_outs)
+            if head_size is None:
+                head_size = steady_head_size(inputs, outs)
+                steady.keep(fixed_inputs, fixed_outs, head_size or False)
+            setup = cache_setup(inputs, outs, head_size) if head_size else None
             # a setup that read total_sequence_length's value is not kept: that may change
             checked.keep(inputs, outs, setup if setup is not None and not setup[-1] else None)
         if setup is None:
             return None
+        if plain_host:
+            plan = prepared.kept_for(fixed_inputs, fixed_outs)
+            if plan is None:
+                plan = host_plan(inputs, outs, setup[0])
+                prepared.keep(fixed_inputs, fixed_outs, plan or False)
+            if plan:
+                results = plan.run(inputs[3], inputs[4], outs, setup[3], setup[4], local_window)
+                if results is not None:
+                    return results
         return decode_with(inputs, outs, *setup[:-1])
 
-    def decode_setup(inputs: list, outs: list) -> tuple | None:
-        """(head_size, past_len, present_len, present_shape, shared, read_total) when the
-        one-token path applies to these arrays, else None."""
+    def host_plan(inputs: list, outs: list, head_size: int) -> HostDecode | None:
+        """The prepared numpy call for these arrays (no attention bias or head sink), or None."""
+        n_in = len(inputs)
+        if (n_in > 10 and inputs[10] is not None) or (n_in > 11 and inputs[11] is not None):
+            return None
+        return HostDecode.prepare(inputs, outs, num_heads=num_heads, kv_heads=kv_num_heads,
+                                  head_size=head_size, scale=scale_attr, rotary=do_rotary,
+                                  interleaved=interleaved,
+                                  signed_sin=signed_sin_of(inputs[8] if n_in > 8 else None))
+
+    def steady_head_size(inputs: list, outs: list) -> int | None:
+        """The head size when the one-token path applies to the arrays other than the
+        caches, else None."""
         n_in, n_out = len(inputs), len(outs)
         query = inputs[0]
         if n_in < 7 or n_out < 3 or query.shape[0] != 1 or query.shape[1] != 1:
             return None
-        key, value, past_key, past_value, seqlens_k, total_tensor = inputs[1:7]
+        key, value, seqlens_k = inputs[1], inputs[2], inputs[5]
         cos_cache = inputs[7] if n_in > 7 else None
         sin_cache = inputs[8] if n_in > 8 else None
         attention_bias = inputs[10] if n_in > 10 else None
         if any(extra is not None for extra in inputs[14:17]):  # q/k norm (the general path rejects them), query_seqlens
             return None
-        if past_key is None or past_value is None or seqlens_k.size != 1:
-            return None
-        if n_out > 3 and (outs[3] is not None or used_qk):
-            return None
-        out_k, out_v = outs[1], outs[2]
-        if (out_k is None and not used_present[0]) or (out_v is None and not used_present[1]):
+        if seqlens_k.size != 1 or (n_out > 3 and (outs[3] is not None or used_qk)):
             return None
         if key is None:
             head_size = query.shape[2] // (num_heads + 2 * kv_num_heads)
@@ -479,6 +515,22 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             if (value is None or key.shape != (1, 1, kv_num_heads * head_size)
                     or value.shape != key.shape):
                 return None
+        if do_rotary and (cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size):
+            return None
+        if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
+                                           or attention_bias.shape[2] != 1):
+            return None
+        return head_size
+
+    def cache_setup(inputs: list, outs: list, head_size: int) -> tuple | None:
+        """(head_size, past_len, present_len, present_shape, shared, read_total)
+        when the caches suit the one-token path, else None."""
+        past_key, past_value, total_tensor = inputs[3], inputs[4], inputs[6]
+        if past_key is None or past_value is None:
+            return None
+        out_k, out_v = outs[1], outs[2]
+        if (out_k is None and not used_present[0]) or (out_v is None and not used_present[1]):
+            return None
         cache_shape = past_key.shape
         past_len = cache_shape[2]
         if (past_value.shape != cache_shape or cache_shape[0] != 1 or cache_shape[1] != kv_num_heads
@@ -505,16 +557,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             if not same and (_overlap(out, past_key) or _overlap(out, past_value)):
                 return None
             shared.append(same)
-        if do_rotary and (cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size):
-            return None
-        if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
-                                           or attention_bias.shape[2] != 1):
-            return None
         return head_size, past_len, present_len, present_shape, shared, read_total
 
     def decode_with(inputs: list, outs: list, head_size: int, past_len: int, present_len: int,
                     present_shape: tuple, shared: list) -> list:
-        """`decode_token`'s computation, once `decode_setup` has checked the arrays."""
+        """`decode_token`'s computation, once its setups have checked the arrays."""
         n_in, n_out = len(inputs), len(outs)
         query, key, value, past_key, past_value, seqlens_k = inputs[:6]
         cos_cache = inputs[7] if n_in > 7 else None

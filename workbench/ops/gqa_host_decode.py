@@ -1,0 +1,178 @@
+"""GroupQueryAttention's one-token decode on the numpy backend, from views prepared once.
+
+A decode loop calls the kernel with the very same query/key/value, position and
+output arrays every step (a replayed launch passes the same ones), their contents
+new. Everything that depends only on those arrays' geometry — the Q/K rows as
+(head, half, feature) views, their half-swapped views, the output as
+(kv head, group, feature), scratch for the rotated rows — is worked out once and
+kept (`HostDecode.prepare`, held by `SameArrays`); a call then reads the position
+and does the arithmetic, about twenty numpy calls, which is what the per-token cost
+of this kernel is bound by on the CPU.
+
+Every value is computed by the same operations, in the same order, as the general
+one-token path of `contrib_attention` (x·cos + swap(x)·(−sin, sin), scores scaled
+after the product, max-subtracted softmax), so the results are bit for bit those
+of that path. Only the plain configuration is taken here: full non-interleaved
+rotary or none, no softcap, attention bias, head sink or smooth softmax, and one
+float dtype throughout; anything else returns None and goes the general way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..addresses import address
+from .registry import numpy_first_int
+
+#: (-1, +1) down the halves axis; int8, so multiplying keeps the other operand's dtype
+SIGNS = np.array([[-1], [1]], np.int8)
+
+#: a signed sin table (the sin cache twice, with signs) is kept up to this size
+SIGNED_TABLE_LIMIT = 16 << 20
+
+
+def signed_sin_table(sin_cache: np.ndarray | None) -> np.ndarray | None:
+    """(positions, 2, half) rows of (−sin, sin), for a constant sin cache of modest
+    size; multiplying by ±1 is exact, so each row is what `sin[p] * SIGNS` gives."""
+    if sin_cache is None or sin_cache.ndim != 2 or 2 * sin_cache.nbytes > SIGNED_TABLE_LIMIT:
+        return None
+    return sin_cache[:, None, :] * SIGNS  # a new C-ordered array
+
+
+def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int,
+                        kv_hidden: int) -> np.ndarray | None:
+    """query's head rows followed by key's, as one (heads + kv heads) x feature view
+    where the two are adjacent in one buffer (packed QKV, or the views a Split of a
+    fused projection gives), else None."""
+    if key is None:
+        return query.reshape(-1)[:q_hidden + kv_hidden]
+    base = query.base  # numpy keeps the owner of a view's memory here (a byte buffer, say)
+    if not isinstance(base, np.ndarray) or key.base is not base or not base.flags.c_contiguous:
+        return None
+    start = address(query) - address(base)  # in bytes
+    length = (q_hidden + kv_hidden) * query.itemsize
+    if (address(key) != address(query) + q_hidden * query.itemsize or start < 0
+            or start + length > base.nbytes or start % query.itemsize):
+        return None
+    return base.reshape(-1).view(np.uint8)[start:start + length].view(query.dtype)
+
+
+class HostDecode:
+    """The views and scratch of one set of arrays; `run` is one decode call."""
+
+    __slots__ = ("num_heads", "kv_heads", "head_size", "alpha", "seq", "positions",
+                 "cos", "sin", "signed_sin", "halves", "swapped_halves", "pair", "rotated",
+                 "swapped", "q", "k_rows", "v_rows", "out")
+
+    @classmethod
+    def prepare(cls, inputs: list, outs: list, *, num_heads: int, kv_heads: int, head_size: int,
+                scale: float, rotary: bool, interleaved: bool,
+                signed_sin: np.ndarray | None) -> HostDecode | None:
+        """The prepared call for these arrays, or None where the plain configuration
+        does not hold (the caller then takes the general one-token path)."""
+        query, key, value = inputs[0], inputs[1], inputs[2]
+        seqlens_k = inputs[5]
+        n_in = len(inputs)
+        cos_cache = inputs[7] if n_in > 7 else None
+        sin_cache = inputs[8] if n_in > 8 else None
+        position_ids = inputs[9] if n_in > 9 else None
+        out = outs[0]
+        ct = query.dtype
+        q_hidden, kv_hidden = num_heads * head_size, kv_heads * head_size
+        if (ct not in (np.float32, np.float64) or out is None or out.dtype != ct
+                or out.shape != (1, 1, q_hidden) or not out.flags.c_contiguous
+                or any(x is not None and x.dtype != ct for x in (key, value))
+                or any(x is not None and not x.flags.c_contiguous for x in (query, key, value))):
+            return None
+        self = cls()
+        self.num_heads, self.kv_heads, self.head_size = num_heads, kv_heads, head_size
+        self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
+        self.seq = seqlens_k.reshape(-1)
+        self.positions = None if position_ids is None else position_ids.reshape(-1)
+        group = num_heads // kv_heads
+        if key is None:
+            v_rows = query.reshape(-1)[q_hidden + kv_hidden:q_hidden + 2 * kv_hidden]
+        else:
+            v_rows = value.reshape(-1)
+        self.v_rows = v_rows.reshape(kv_heads, head_size)
+        self.out = out.reshape(kv_heads, group, head_size)
+        self.cos = self.sin = self.signed_sin = self.halves = self.swapped_halves = self.pair = None
+        if not rotary:
+            self.rotated = self.swapped = None
+            self.q = query.reshape(-1)[:q_hidden].reshape(kv_heads, group, head_size)
+            self.k_rows = (query.reshape(-1)[q_hidden:q_hidden + kv_hidden] if key is None
+                           else key.reshape(-1)).reshape(kv_heads, head_size)
+            return self
+        if (interleaved or cos_cache is None or sin_cache is None or cos_cache.dtype != ct
+                or sin_cache.dtype != ct or cos_cache.ndim != 2 or sin_cache.shape != cos_cache.shape
+                or 2 * cos_cache.shape[1] != head_size):
+            return None
+        rows = num_heads + kv_heads
+        half = head_size // 2
+        source = _query_and_key_rows(query, key, q_hidden, kv_hidden)
+        if source is None:  # two buffers: the rows are put side by side each call
+            self.pair = (query.reshape(num_heads, head_size), key.reshape(kv_heads, head_size),
+                         np.empty((rows, head_size), ct))
+            source = self.pair[2]
+        self.halves = source.reshape(rows, 2, half)
+        self.swapped_halves = self.halves[:, ::-1]
+        self.cos, self.sin = cos_cache, sin_cache
+        self.signed_sin = signed_sin if signed_sin is not None and signed_sin.shape[0] == cos_cache.shape[0] \
+            and signed_sin.dtype == ct else None
+        self.rotated = np.empty((rows, 2, half), ct)
+        self.swapped = np.empty((rows, 2, half), ct)
+        flat = self.rotated.reshape(rows, head_size)
+        self.q = flat[:num_heads].reshape(kv_heads, group, head_size)
+        self.k_rows = flat[num_heads:]
+        return self
+
+    def run(self, past_key: np.ndarray, past_value: np.ndarray, outs: list, present_shape: tuple,
+            shared: list, window: int) -> list | None:
+        """One call: rotate, write the new K/V row at pos = seqlens_k[0], attend over
+        rows 0..pos (the last `window` of them, for a positive local window), into
+        the output buffer. None (nothing
+        written) where this step's caches are not in the compute dtype."""
+        ct = self.out.dtype
+        if past_key.dtype != ct or past_value.dtype != ct or any(
+                out is not None and out.dtype != ct for out in (outs[1], outs[2])):
+            return None
+        p = numpy_first_int(self.seq)  # read every call: a recorded launch re-runs the kernel each replay
+        present_len = present_shape[2]
+        pos = min(max(p, 0), present_len - 1)
+        if self.halves is not None:
+            r = p if self.positions is None else numpy_first_int(self.positions)
+            r = min(max(r, 0), self.cos.shape[0] - 1)
+            if self.pair is not None:
+                np.concatenate(self.pair[:2], out=self.pair[2])
+            np.multiply(self.halves, self.cos[r], out=self.rotated)
+            np.multiply(self.swapped_halves, self.signed_sin[r] if self.signed_sin is not None
+                        else self.sin[r] * SIGNS, out=self.swapped)
+            np.add(self.rotated, self.swapped, out=self.rotated)
+
+        kept = min(past_key.shape[2], present_len, pos)
+        appended = kept == past_key.shape[2] == pos == present_len - 1  # a growing cache
+        row_shape = (1, present_shape[1], 1, present_shape[3])
+        presents = []
+        for out, past, row, same in ((outs[1], past_key, self.k_rows, shared[0]),
+                                     (outs[2], past_value, self.v_rows, shared[1])):
+            if same:
+                out[0, :, pos] = row
+            else:
+                if out is None:
+                    out = np.empty(present_shape, dtype=past.dtype)
+                if appended:
+                    np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
+                else:
+                    out[:, :, :kept] = past[:, :, :kept]
+                    out[:, :, kept:] = 0
+                    out[0, :, pos] = row
+            presents.append(out)
+
+        start = max(pos - window + 1, 0) if window > 0 else 0
+        scores = np.matmul(self.q, presents[0][0, :, start:pos + 1].transpose(0, 2, 1))
+        scores *= self.alpha  # [KV, G, n]
+        scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= np.add.reduce(scores, axis=-1, keepdims=True)
+        np.matmul(scores, presents[1][0, :, start:pos + 1], out=self.out)
+        return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
