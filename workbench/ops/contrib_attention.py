@@ -461,7 +461,8 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         passes the same ones every step) it is reused; the arrays are held meanwhile.
         With new caches only, only their checks are redone."""
         setup = checked.kept_for(inputs, outs)
-        fixed_inputs, fixed_outs = inputs[:3] + inputs[5:], outs[:1] + outs[3:]
+        # the position inputs are not among them: computed in the graph, they may be new arrays
+        fixed_inputs, fixed_outs = inputs[:3] + inputs[7:9] + inputs[10:], outs[:1] + outs[3:]
         if setup is None:
             head_size = steady.kept_for(fixed_inputs, fixed_outs)
             if head_size is None:
@@ -478,7 +479,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 plan = host_plan(inputs, outs, setup[0])
                 prepared.keep(fixed_inputs, fixed_outs, plan or False)
             if plan:
-                results = plan.run(inputs[3], inputs[4], outs, setup[3], setup[4], local_window)
+                results = plan.run(inputs, outs, setup[3], setup[4], local_window)
                 if results is not None:
                     return results
         return decode_with(inputs, outs, *setup[:-1])
@@ -500,13 +501,13 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         query = inputs[0]
         if n_in < 7 or n_out < 3 or query.shape[0] != 1 or query.shape[1] != 1:
             return None
-        key, value, seqlens_k = inputs[1], inputs[2], inputs[5]
+        key, value = inputs[1], inputs[2]
         cos_cache = inputs[7] if n_in > 7 else None
         sin_cache = inputs[8] if n_in > 8 else None
         attention_bias = inputs[10] if n_in > 10 else None
         if any(extra is not None for extra in inputs[14:17]):  # q/k norm (the general path rejects them), query_seqlens
             return None
-        if seqlens_k.size != 1 or (n_out > 3 and (outs[3] is not None or used_qk)):
+        if n_out > 3 and (outs[3] is not None or used_qk):
             return None
         if key is None:
             head_size = query.shape[2] // (num_heads + 2 * kv_num_heads)
@@ -525,8 +526,8 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     def cache_setup(inputs: list, outs: list, head_size: int) -> tuple | None:
         """(head_size, past_len, present_len, present_shape, shared, read_total)
         when the caches suit the one-token path, else None."""
-        past_key, past_value, total_tensor = inputs[3], inputs[4], inputs[6]
-        if past_key is None or past_value is None:
+        past_key, past_value, seqlens_k, total_tensor = inputs[3:7]
+        if past_key is None or past_value is None or seqlens_k.size != 1:
             return None
         out_k, out_v = outs[1], outs[2]
         if (out_k is None and not used_present[0]) or (out_v is None and not used_present[1]):

@@ -1,8 +1,9 @@
 """GroupQueryAttention's one-token decode on the numpy backend, from views prepared once.
 
-A decode loop calls the kernel with the very same query/key/value, position and
+A decode loop calls the kernel with the very same query/key/value, cos/sin and
 output arrays every step (a replayed launch passes the same ones), their contents
-new. Everything that depends only on those arrays' geometry — the Q/K rows as
+new; the caches and the position inputs may be new arrays (a growing cache, a
+position computed by eager nodes). Everything that depends only on those arrays' geometry — the Q/K rows as
 (head, half, feature) views, their half-swapped views, the output as
 (kv head, group, feature), scratch for the rotated rows — is worked out once and
 kept (`HostDecode.prepare`, held by `SameArrays`); a call then reads the position
@@ -60,7 +61,7 @@ def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
-    __slots__ = ("num_heads", "kv_heads", "head_size", "alpha", "seq", "positions",
+    __slots__ = ("num_heads", "kv_heads", "head_size", "alpha",
                  "cos", "sin", "signed_sin", "halves", "swapped_halves", "pair", "rotated",
                  "swapped", "q", "k_rows", "v_rows", "out")
 
@@ -71,11 +72,9 @@ class HostDecode:
         """The prepared call for these arrays, or None where the plain configuration
         does not hold (the caller then takes the general one-token path)."""
         query, key, value = inputs[0], inputs[1], inputs[2]
-        seqlens_k = inputs[5]
         n_in = len(inputs)
         cos_cache = inputs[7] if n_in > 7 else None
         sin_cache = inputs[8] if n_in > 8 else None
-        position_ids = inputs[9] if n_in > 9 else None
         out = outs[0]
         ct = query.dtype
         q_hidden, kv_hidden = num_heads * head_size, kv_heads * head_size
@@ -87,8 +86,6 @@ class HostDecode:
         self = cls()
         self.num_heads, self.kv_heads, self.head_size = num_heads, kv_heads, head_size
         self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
-        self.seq = seqlens_k.reshape(-1)
-        self.positions = None if position_ids is None else position_ids.reshape(-1)
         group = num_heads // kv_heads
         if key is None:
             v_rows = query.reshape(-1)[q_hidden + kv_hidden:q_hidden + 2 * kv_hidden]
@@ -126,21 +123,22 @@ class HostDecode:
         self.k_rows = flat[num_heads:]
         return self
 
-    def run(self, past_key: np.ndarray, past_value: np.ndarray, outs: list, present_shape: tuple,
-            shared: list, window: int) -> list | None:
+    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int) -> list | None:
         """One call: rotate, write the new K/V row at pos = seqlens_k[0], attend over
         rows 0..pos (the last `window` of them, for a positive local window), into
         the output buffer. None (nothing
         written) where this step's caches are not in the compute dtype."""
+        past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
+        position_ids = inputs[9] if len(inputs) > 9 else None
         ct = self.out.dtype
         if past_key.dtype != ct or past_value.dtype != ct or any(
                 out is not None and out.dtype != ct for out in (outs[1], outs[2])):
             return None
-        p = numpy_first_int(self.seq)  # read every call: a recorded launch re-runs the kernel each replay
+        p = numpy_first_int(seqlens_k)  # read every call: a recorded launch re-runs the kernel each replay
         present_len = present_shape[2]
         pos = min(max(p, 0), present_len - 1)
         if self.halves is not None:
-            r = p if self.positions is None else numpy_first_int(self.positions)
+            r = p if position_ids is None else numpy_first_int(position_ids)
             r = min(max(r, 0), self.cos.shape[0] - 1)
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
