@@ -182,6 +182,89 @@ def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch, q
     assert prepared.calls == RUNS
 
 
+def _two_layer_gqa_model(*, heads=4, kv_heads=2, head=16, capacity=24, max_pos=64):
+    """Two GroupQueryAttention layers alike but for their projections, sharing the cos/sin
+    initializers (so their kernels match in every key but the node), fixed caches."""
+    rng = np.random.default_rng(13)
+    hidden = heads * head
+    width = (heads + 2 * kv_heads) * head
+    angles = np.arange(max_pos)[:, None] * (1.0 / 10000 ** (np.arange(head // 2) / (head // 2)))[None]
+    initializers = [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+                    numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
+    kv_shape = [1, kv_heads, capacity, head]
+    nodes, inputs, outputs = [], [_tensor("x", [1, 1, hidden])], []
+    source = "x"
+    for layer in range(2):
+        initializers.append(numpy_helper.from_array(
+            (rng.standard_normal((hidden, width)) * 0.1).astype(np.float32), f"w{layer}"))
+        nodes += [helper.make_node("MatMul", [source, f"w{layer}"], [f"qkv{layer}"]),
+                  helper.make_node("GroupQueryAttention",
+                                   [f"qkv{layer}", "", "", f"past_key{layer}", f"past_value{layer}", "seqlens_k",
+                                    "total_sequence_length", "cos", "sin"],
+                                   [f"attn{layer}", f"present_key{layer}", f"present_value{layer}"],
+                                   domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, do_rotary=1)]
+        inputs += [_tensor(f"past_key{layer}", kv_shape), _tensor(f"past_value{layer}", kv_shape)]
+        outputs += [_tensor(f"present_key{layer}", kv_shape), _tensor(f"present_value{layer}", kv_shape)]
+        source = f"attn{layer}"
+    inputs += [_tensor("seqlens_k", [1], TensorProto.INT32), _tensor("total_sequence_length", [], TensorProto.INT32)]
+    graph = helper.make_graph(nodes, "two_gqa", inputs, [_tensor("attn1", [1, 1, hidden])] + outputs, initializers)
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=8), kv_shape, hidden
+
+
+def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monkeypatch):
+    """Two GQA nodes whose kernels would match in every cache key (shapes, attributes, the
+    shared cos/sin): each gets its own build, so each keeps the views prepared for its own
+    arrays across steps (a shared build would re-prepare at every call, each layer
+    overwriting the other's) — and every run agrees with onnxruntime."""
+    prepares = []
+    real = gqa_host_decode.HostDecode.prepare.__func__
+
+    def counting(cls, *args, **kwargs):
+        prepares.append(1)
+        return real(cls, *args, **kwargs)
+    monkeypatch.setattr(gqa_host_decode.HostDecode, "prepare", classmethod(counting))
+    relu = helper.make_graph([helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Relu", ["b"], ["c"])],
+                             "relus", [_tensor("a", [2])], [_tensor("c", [2])])
+    relus = workbench.InferenceSession(helper.make_model(relu, opset_imports=OPSET, ir_version=8))
+    assert relus.executor.plan.nodes[0].fn is relus.executor.plan.nodes[1].fn, "look-alikes still share a build"
+
+    model, kv_shape, hidden = _two_layer_gqa_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    gqa = [p for p in session.executor.plan.nodes if p.node.op_type == "GroupQueryAttention"]
+    assert gqa[0].fn is not gqa[1].fn
+    oracle = _ort(model)
+    rng = np.random.default_rng(8)
+    x = np.empty((1, 1, hidden), np.float32)
+    caches = {f"{kind}{layer}": np.zeros(kv_shape, np.float32) for layer in range(2) for kind in ("key", "value")}
+    reference = {name: cache.copy() for name, cache in caches.items()}
+    seqlens, total = np.empty((1,), np.int32), np.empty((), np.int32)
+    attn = np.empty((1, 1, hidden), np.float32)
+    binding = session.io_binding()
+    binding.bind_input("x", x)
+    binding.bind_input("seqlens_k", seqlens)
+    binding.bind_input("total_sequence_length", total)
+    binding.bind_output("attn1", attn)
+    for name, cache in caches.items():
+        binding.bind_input(f"past_{name}", cache)
+        binding.bind_output(f"present_{name}", cache)
+    calls_at = []
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        seqlens[...] = 2 + run
+        total[...] = seqlens[0] + 1
+        feeds = {"x": x.copy(), "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()}
+        feeds.update({f"past_{name}": cache for name, cache in reference.items()})
+        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, feeds)))
+        session.run_with_iobinding(binding)
+        _close(attn, want["attn1"], run, "attention output")
+        for name, cache in caches.items():
+            _close(cache, want[f"present_{name}"], run, f"present_{name}")
+        reference = {name: want[f"present_{name}"] for name in caches}
+        calls_at.append(len(prepares))
+    assert calls_at[-1] == calls_at[RUNS // 2], f"prepared again at steady state: {calls_at}"
+    assert (session.recording.capture_events().event == "replay").any()
+
+
 def _sibling_matmul_model(rows, opset):
     """x feeds three MatMuls with their own weights (widths 8, 4, 12); one product is a
     graph output itself, the others feed a node each; a fourth MatMul shares x but also

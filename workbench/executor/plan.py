@@ -102,8 +102,8 @@ class KernelCache:
 
 
 def _cache_key(spec: KernelSpec, info: NodeInfo) -> Any:
-    if info.subgraphs:
-        return None  # control flow owns per-node state
+    if info.subgraphs or spec.per_node:
+        return None  # control flow, and kernels keeping their call site's arrays, own per-node state
     try:
         attrs = tuple(sorted((k, _freeze(v)) for k, v in info.attrs.items()))
         consts = tuple(sorted((i, _freeze(v)) for i, v in info.constant_inputs.items()))

@@ -36,7 +36,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .gqa_host_decode import HostDecode, signed_sin_table
+from .gqa_host_decode import HostDecode, caches_in, signed_sin_table
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -319,7 +319,7 @@ def _gqa_capture(info: NodeInfo) -> CaptureVerdict:
 # query/key/value are reshaped to heads internally: a strided view (e.g. a Split of
 # packed QKV) would be copied silently there, so the executor copies and records it
 @register("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture,
-          contiguous_inputs=(0, 1, 2))
+          contiguous_inputs=(0, 1, 2), per_node=True)
 def build_group_query_attention(info: NodeInfo) -> KernelFn:
     """com.microsoft GroupQueryAttention, as onnxruntime's CPU kernel computes it.
 
@@ -460,28 +460,31 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         for the very same input and output arrays as the last call (a replayed launch
         passes the same ones every step) it is reused; the arrays are held meanwhile.
         With new caches only, only their checks are redone."""
-        setup = checked.kept_for(inputs, outs)
-        # the position inputs are not among them: computed in the graph, they may be new arrays
-        fixed_inputs, fixed_outs = inputs[:3] + inputs[7:9] + inputs[10:], outs[:1] + outs[3:]
-        if setup is None:
+        kept = checked.kept_for(inputs, outs)
+        if kept is not None:
+            setup, plan = kept
+        else:
+            # the position inputs are not among these: computed in the graph, they may be new arrays
+            fixed_inputs, fixed_outs = inputs[:3] + inputs[7:9] + inputs[10:], outs[:1] + outs[3:]
             head_size = steady.kept_for(fixed_inputs, fixed_outs)
             if head_size is None:
                 head_size = steady_head_size(inputs, outs)
                 steady.keep(fixed_inputs, fixed_outs, head_size or False)
             setup = cache_setup(inputs, outs, head_size) if head_size else None
+            plan = None
+            if setup is not None and plain_host:
+                plan = prepared.kept_for(fixed_inputs, fixed_outs)
+                if plan is None:
+                    plan = host_plan(inputs, outs, head_size)
+                    prepared.keep(fixed_inputs, fixed_outs, plan or False)
+                if plan and not caches_in(plan.out.dtype, (inputs[3], inputs[4], outs[1], outs[2])):
+                    plan = None
             # a setup that read total_sequence_length's value is not kept: that may change
-            checked.keep(inputs, outs, setup if setup is not None and not setup[-1] else None)
+            checked.keep(inputs, outs, (setup, plan) if setup is not None and not setup[-1] else None)
         if setup is None:
             return None
-        if plain_host:
-            plan = prepared.kept_for(fixed_inputs, fixed_outs)
-            if plan is None:
-                plan = host_plan(inputs, outs, setup[0])
-                prepared.keep(fixed_inputs, fixed_outs, plan or False)
-            if plan:
-                results = plan.run(inputs, outs, setup[3], setup[4], local_window)
-                if results is not None:
-                    return results
+        if plan:
+            return plan.run(inputs, outs, setup[3], setup[4], local_window)
         return decode_with(inputs, outs, *setup[:-1])
 
     def host_plan(inputs: list, outs: list, head_size: int) -> HostDecode | None:

@@ -143,11 +143,11 @@ def _wanted(info: NodeInfo, index: int, outs: list) -> bool:
     return not info.output_used or index >= len(info.output_used) or bool(info.output_used[index])
 
 
-@register("SkipLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+@register("SkipLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, per_node=True)
 def build_skip_layer_norm(info: NodeInfo) -> KernelFn:
     return _build_skip_norm(info, simplified=False)
 
 
-@register("SkipSimplifiedLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+@register("SkipSimplifiedLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, per_node=True)
 def build_skip_simplified_layer_norm(info: NodeInfo) -> KernelFn:
     return _build_skip_norm(info, simplified=True)

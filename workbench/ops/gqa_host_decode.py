@@ -58,6 +58,12 @@ def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int
     return base.reshape(-1).view(np.uint8)[start:start + length].view(query.dtype)
 
 
+def caches_in(dtype: np.dtype, caches: tuple) -> bool:
+    """Whether the past and present caches given (None: not preallocated) are all of
+    `dtype`; the general path casts others."""
+    return all(cache is None or cache.dtype == dtype for cache in caches)
+
+
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
@@ -123,17 +129,12 @@ class HostDecode:
         self.k_rows = flat[num_heads:]
         return self
 
-    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int) -> list | None:
-        """One call: rotate, write the new K/V row at pos = seqlens_k[0], attend over
-        rows 0..pos (the last `window` of them, for a positive local window), into
-        the output buffer. None (nothing
-        written) where this step's caches are not in the compute dtype."""
+    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int) -> list:
+        """One call, on caches in the compute dtype (`caches_in`): rotate, write the new K/V row at
+        pos = seqlens_k[0], attend over rows 0..pos (the last `window` of them, for a
+        positive local window), into the output buffer."""
         past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
         position_ids = inputs[9] if len(inputs) > 9 else None
-        ct = self.out.dtype
-        if past_key.dtype != ct or past_value.dtype != ct or any(
-                out is not None and out.dtype != ct for out in (outs[1], outs[2])):
-            return None
         p = numpy_first_int(seqlens_k)  # read every call: a recorded launch re-runs the kernel each replay
         present_len = present_shape[2]
         pos = min(max(p, 0), present_len - 1)

@@ -110,6 +110,10 @@ class KernelSpec:
     #: input positions the kernel needs C-contiguous; the executor materialises (and
     #: records) a copy of a strided view there
     contiguous_inputs: tuple[int, ...] = ()
+    #: the kernel keeps what it worked out about its last call's arrays (`SameArrays`):
+    #: each node gets a build of its own, not one shared with look-alike nodes (which
+    #: would take turns overwriting it)
+    per_node: bool = False
 
     def accepts(self, info: NodeInfo) -> bool:
         if not (self.since <= info.opset and (self.until is None or info.opset <= self.until)):
@@ -146,6 +150,7 @@ def register(
     data_dependent_shape: bool = False,
     accept: Callable[[NodeInfo], bool] | None = None,
     contiguous_inputs: tuple[int, ...] = (),
+    per_node: bool = False,
 ) -> Callable[[Callable[[NodeInfo], KernelFn]], Callable[[NodeInfo], KernelFn]]:
     """Decorator registering a kernel builder for `domain::op_type`, opsets since..until."""
 
@@ -155,7 +160,7 @@ def register(
             build=build, dtypes=dtypes, dtype_inputs=dtype_inputs,
             produces_view=produces_view, may_run_in_place=may_run_in_place,
             capture=capture, data_dependent_shape=data_dependent_shape, accept=accept,
-            contiguous_inputs=contiguous_inputs,
+            contiguous_inputs=contiguous_inputs, per_node=per_node,
         )
         _REGISTRY.setdefault((spec.domain, op_type), []).append(spec)
         return build
@@ -213,7 +218,7 @@ def numpy_first_int(array: np.ndarray) -> int:
     time, never baked in. Device arrays are refused (they go through `host_read`)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"numpy_first_int takes a numpy array, got {type(array).__name__}")
-    return int(array.reshape(-1)[0])  # host-ok: numpy's recorded launches re-run the kernel
+    return int(array.item(0))  # host-ok: numpy's recorded launches re-run the kernel
 
 
 class recording_launches:
