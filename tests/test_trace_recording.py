@@ -436,3 +436,33 @@ def test_emitting_never_imports_pandas():
         "assert 'plotly' not in sys.modules and 'ipywidgets' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_node_span_reads_as_one_node_row_each_in_order():
+    """A replayed segment's span (kept as one entry while emitting) reads back exactly as
+    one `node` call per plan index, in emission order with the events around it; the
+    indices are taken as they were at the call."""
+    spanned, one_by_one = Recording(), Recording()
+    nodes = [4, 5, 6]
+    for r in (spanned, one_by_one):
+        r.begin_step()
+        r.node(0, "eager", 1e-6)
+        r.buffer("alloc", 7, 8, 0)
+    spanned.node_span(nodes, "replayed", 3e-6)
+    for k in nodes:
+        one_by_one.node(k, "replayed", 1e-6)
+    nodes.append(9)  # changed afterwards: not what was recorded
+    for r in (spanned, one_by_one):
+        r.node(8, "elided", 0.0)
+        r.node_span([], "replayed", 1.0)  # no nodes: no rows
+        r.end_step(1e-3)
+        r.begin_step()
+    spanned.node_span([1, 2], "replayed", 4e-6)
+    one_by_one.node(1, "replayed", 2e-6)
+    one_by_one.node(2, "replayed", 2e-6)
+    a, b = spanned.node_timings(), one_by_one.node_timings()
+    pd.testing.assert_frame_equal(a, b)
+    assert a["plan_index"].tolist() == [0, 4, 5, 6, 8, 1, 2]
+    assert list(spanned.events()) == list(one_by_one.events())
+    spanned.node_span([3], "replayed", 1e-6)  # emitted after a read: laid out on the next read
+    assert spanned.node_timings()["plan_index"].tolist()[-1] == 3

@@ -135,6 +135,20 @@ class _Generic:
         self._n = n
 
 
+class _NodeSpan:
+    """The node rows of one replayed segment, kept as one entry until the table is laid
+    out: (step, plan index, mode, duration share) for each of `plan_indices`."""
+
+    __slots__ = ("step", "plan_indices", "mode", "share")
+
+    def __init__(self, step: int, plan_indices: Sequence[int], mode: str, share: float) -> None:
+        self.step, self.plan_indices, self.mode, self.share = step, plan_indices, mode, share
+
+    def rows(self) -> list[tuple]:
+        step, mode, share = self.step, self.mode, self.share
+        return [(step, k, mode, share) for k in self.plan_indices]
+
+
 class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
@@ -170,6 +184,8 @@ class Recording:
         """The built-in tables, column by column (pending rows laid out first)."""
         if self._lv_pending:
             self._flush_liveness()
+        if self._ne_spans:
+            self._expand_spans()
         for name, rows in self._pending.items():
             if rows:
                 cols = self._tables[name]
@@ -177,6 +193,17 @@ class Recording:
                     col.extend(values)
                 rows.clear()
         return self._tables
+
+    def _expand_spans(self) -> None:
+        """Node rows of replayed segments, stored as one `_NodeSpan` each, in place."""
+        rows, expanded = self._ne, []
+        for row in rows:
+            if type(row) is _NodeSpan:
+                expanded.extend(row.rows())
+            else:
+                expanded.append(row)
+        rows[:] = expanded
+        self._ne_spans = 0
 
     def _flush_liveness(self) -> None:
         pending, self._lv_pending = self._lv_pending, []
@@ -200,6 +227,7 @@ class Recording:
         self._pending: dict[str, list[tuple]] = {
             name: [] for name in ("node_exec", "buffer", "view", "alias", "materialize")}
         self._ne, self._bu, self._vi, self._al, self._ma = self._pending.values()
+        self._ne_spans = 0  # `_NodeSpan` entries among the node rows
 
     # ------------------------------------------------------------------ emission
 
@@ -243,13 +271,13 @@ class Recording:
 
     def node_span(self, plan_indices: list[int], mode: str, duration_s: float) -> None:
         """Many plan nodes ran together (a replayed segment): `duration_s` is shared
-        evenly; the same rows as one `node` call each, appended in one go."""
+        evenly; the same rows as one `node` call each, kept as one entry until read."""
         n = len(plan_indices)
         if not n:
             return
         self._order.extend([CODE_NODE] * n)
-        step, share = self._step, duration_s / n
-        self._ne.extend([(step, k, mode, share) for k in plan_indices])
+        self._ne.append(_NodeSpan(self._step, tuple(plan_indices), mode, duration_s / n))
+        self._ne_spans += 1
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
@@ -401,6 +429,7 @@ class Recording:
         self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
             rows.clear()
+        self._ne_spans = 0
         for cols in self._tables.values():
             for col in cols.values():
                 col.clear()
