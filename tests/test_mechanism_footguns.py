@@ -203,6 +203,73 @@ def test_cached_view_plan_admits_no_view_with_runtime_parameters(runtime_reshape
     assert (memo.action == "replayed").any(), "the memo must replay for this test to bite"
 
 
+def _folded_and_runtime_reshape_model(width=4):
+    """Two Reshapes of one projection: one to a shape the graph computes from shapes
+    alone (Shape -> Gather -> Div -> Unsqueeze -> Concat: folded on replays), one to a
+    shape fed at run time; each is transposed and flattened (the values' order shows
+    the shape), summed into the new row of a growing cache."""
+    rng = np.random.default_rng(12)
+    consts = [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "w"),
+              numpy_helper.from_array(np.array(1, np.int64), "one"),
+              numpy_helper.from_array(np.array(2, np.int64), "two"),
+              numpy_helper.from_array(np.array([0], np.int64), "axes0"),
+              numpy_helper.from_array(np.array([1], np.int64), "axes1")]
+    return _model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Shape", ["h"], ["h_shape"]),
+         helper.make_node("Gather", ["h_shape", "one"], ["h_width"]),
+         helper.make_node("Div", ["h_width", "two"], ["half"]),
+         helper.make_node("Unsqueeze", ["half", "axes0"], ["half_1d"]),
+         helper.make_node("Concat", ["half_1d", "half_1d"], ["square"], axis=0),
+         helper.make_node("Reshape", ["h", "square"], ["h_square"]),
+         helper.make_node("Transpose", ["h_square"], ["h_square_t"]),
+         helper.make_node("Flatten", ["h_square_t"], ["folded_row"], axis=0),
+         helper.make_node("Reshape", ["h", "fed_shape"], ["h_fed"]),
+         helper.make_node("Transpose", ["h_fed"], ["h_fed_t"]),
+         helper.make_node("Flatten", ["h_fed_t"], ["fed_row"], axis=0),
+         helper.make_node("Add", ["folded_row", "fed_row"], ["row"]),
+         helper.make_node("Unsqueeze", ["row", "axes1"], ["new_row"]),
+         helper.make_node("Concat", ["past", "new_row"], ["present"], axis=1)],
+        [_tensor("x", [1, width]), _tensor("fed_shape", [2], TensorProto.INT64), _tensor("past", [1, "T", width])],
+        [_tensor("present", [1, "T1", width])],
+        consts)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_cached_view_plan_trusts_identity_only_for_folded_shape_parameters(capture):
+    """Stage 2 skips recomputing a Reshape's parameter key while its shape input is the
+    very shape-fold value it was checked on (a private copy no kernel writes). A shape
+    fed at run time, in one buffer whose contents change, is still read every step: the
+    fed Reshape's values must follow its new shape, the folded one's stay right. (With
+    capture, the nodes replay inside a segment instead; the values must hold too.)"""
+    width = 4
+    model = _folded_and_runtime_reshape_model(width)
+    session = workbench.InferenceSession(model, _options(capture=capture))
+    oracle = _ort(model)
+    rng = np.random.default_rng(9)
+    x = np.empty((1, width), np.float32)
+    fed_shape = np.empty((2,), np.int64)
+    past = np.zeros((1, 0, width), np.float32)
+    names = {p.index: session.executor.graph.values[p.outputs[0]].name for p in session.executor.plan.nodes}
+    kept_by_identity = set()
+    for run in range(RUNS + 4):
+        x[...] = rng.standard_normal((1, width))
+        fed_shape[...] = [2, 2] if run < 6 else ([1, 4] if run % 2 else [4, 1])
+        feeds = {"x": x, "fed_shape": fed_shape, "past": past}
+        got = session.run(None, feeds)
+        want = oracle.run(None, {k: v.copy() for k, v in feeds.items()})
+        _assert_exact(got[0], want[0], run, "present")
+        past = got[0]
+        plan = session.executor.state.view_plan
+        if plan is not None:
+            kept_by_identity |= {names[k] for k, (vids, _) in plan.same_source.items() if len(vids) > 1}
+    stats = session.memo_stats()
+    assert stats["replayed"] >= 4 and stats["shape_folded"] > 0, stats
+    if not capture:
+        assert "h_square" in kept_by_identity, "the folded-shape Reshape must take the identity path to bite"
+    assert "h_fed" not in kept_by_identity
+
+
 # -- found by reading ------------------------------------------------------------------
 
 

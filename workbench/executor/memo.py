@@ -105,10 +105,13 @@ class ViewPlan:
     #: so a node is reinstated only while they are unchanged
     params: dict[int, tuple] = field(default_factory=dict)
     validated: bool = False
-    #: plan index -> the source array its parameter key was validated on, for nodes
-    #: with no runtime parameter: while the environment holds that very object (which
-    #: cannot move or change shape), the key is unchanged without being recomputed
-    same_source: dict[int, Any] = field(default_factory=dict)
+    #: plan index -> ((value id, ...), (array, ...)): the source and runtime parameters
+    #: its parameter key was last found equal on, where each parameter is immutable by
+    #: construction (none, or a shape-fold value: a private copy no kernel writes).
+    #: While the environment holds those very objects (a source array cannot move or
+    #: change shape; the parameters cannot change), the key is unchanged without being
+    #: recomputed
+    same_source: dict[int, tuple] = field(default_factory=dict)
 
     @property
     def state(self) -> str:

@@ -7,6 +7,7 @@ A mixin of `Executor`: it reads and writes the current slot's prepared state
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -227,8 +228,9 @@ class DecodeMemoSteps:
                 plan.views = {vid: observed[vid] for vid in plan.views}
                 plan.validated = True
                 env = self.env
-                plan.same_source = {k: env[keys[0][0]] for k, keys in plan.params.items()
-                                    if len(keys) == 1 and env[keys[0][0]] is not None}
+                plan.same_source = {}
+                for k in plan.params:
+                    self._note_same_source(plan, k, env)
             else:
                 self.state.view_plan = None
 
@@ -287,13 +289,28 @@ class DecodeMemoSteps:
             return "latched"
         return self.state.view_plan.state if self.state.view_plan is not None else "none"
 
+    def _note_same_source(self, plan: ViewPlan, k: int, env: list) -> None:
+        """Keep node k's source and runtime parameters by identity (`ViewPlan.same_source`)
+        when every parameter is a validated shape-fold value (or there is none)."""
+        first, runtime = self._view_params[k]
+        if env[first] is None:
+            return
+        fold = self.state.shape_fold
+        if runtime and (fold is None or not fold.validated
+                        or any(env[v] is None or env[v] is not fold.values.get(v) for v in runtime)):
+            return
+        vids = (first,) + runtime
+        plan.same_source[k] = (vids, tuple(env[v] for v in vids))
+
     def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
         False (nothing reinstated) when a runtime parameter of the node changed."""
-        source = plan.same_source.get(p.index)
-        if (source is None or env[p.inputs[0]] is not source) and self._param_keys(p.index) != plan.params[p.index]:
-            self._view_plan_stale = True
-            return False
+        same = plan.same_source.get(p.index)
+        if same is None or not all(map(operator.is_, map(env.__getitem__, same[0]), same[1])):
+            if self._param_keys(p.index) != plan.params[p.index]:
+                self._view_plan_stale = True
+                return False
+            self._note_same_source(plan, p.index, env)
         verify = self.options.decode_memo_verify
         if verify:
             fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
