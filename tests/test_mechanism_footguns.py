@@ -270,6 +270,38 @@ def test_cached_view_plan_trusts_identity_only_for_folded_shape_parameters(captu
     assert "h_fed" not in kept_by_identity
 
 
+def test_cached_view_plan_notices_a_source_buffer_replaced_between_steps():
+    """The Stage 2 guard passes a step on the identity of the source buffers it last
+    found in place. A buffer replaced by another array (same shape, new contents and
+    address) must fail it: the views are then taken afresh, and every value stays right."""
+    width = 4
+    model = _folded_and_runtime_reshape_model(width)
+    session = workbench.InferenceSession(model, _options(capture=False))
+    oracle = _ort(model)
+    executor = session.executor
+    rng = np.random.default_rng(10)
+    x = np.empty((1, width), np.float32)
+    fed_shape = np.array([2, 2], np.int64)
+    past = np.zeros((1, 0, width), np.float32)
+    replaced = 0
+    for run in range(RUNS + 4):
+        plan = executor.state.view_plan
+        if run in (6, 9) and plan is not None and plan.validated and plan.held_sources is not None:
+            for owner in plan.sources:
+                if owner in executor.state.buffers:  # garbage in a new array where the old one was
+                    executor.state.buffers[owner] = np.full_like(executor.state.buffers[owner], -7)
+                    replaced += 1
+        x[...] = rng.standard_normal((1, width))
+        feeds = {"x": x, "fed_shape": fed_shape, "past": past}
+        got = session.run(None, feeds)
+        want = oracle.run(None, {k: v.copy() for k, v in feeds.items()})
+        _assert_exact(got[0], want[0], run, "present")
+        past = got[0]
+    assert replaced >= 2, "the guard's identity path must be in use for this to bite"
+    reasons = session.recording.memo_timeline().reason
+    assert reasons.str.contains("moved or resized").sum() >= 2
+
+
 # -- found by reading ------------------------------------------------------------------
 
 

@@ -112,6 +112,9 @@ class ViewPlan:
     #: change shape; the parameters cannot change), the key is unchanged without being
     #: recomputed
     same_source: dict[int, tuple] = field(default_factory=dict)
+    #: (getter of the source buffers from the slot's buffers, those buffers) as the
+    #: guard last found them in place: the very same objects are where they were
+    held_sources: tuple | None = None
 
     @property
     def state(self) -> str:

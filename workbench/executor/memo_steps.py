@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..addresses import same_objects
 from ..errors import MemoVerifyError
 from .memo import (
     STAGE2_MISMATCH_LIMIT,
@@ -33,6 +34,13 @@ from .views import address, is_view_of
 def bound_signature(bound: dict[int, Any], address_of: Any = address) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
     return tuple((vid, address_of(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
+
+
+def _objects_at(container: Any, keys: list) -> tuple:
+    """(getter of `keys` from a container like `container`, the objects there now)."""
+    getter = operator.itemgetter(*keys) if keys else (lambda _: ())
+    found = getter(container)
+    return getter, (found,) if len(keys) == 1 else found
 
 
 class DecodeMemoSteps:
@@ -165,6 +173,14 @@ class DecodeMemoSteps:
         plan = self.state.view_plan
         if plan is None or not plan.validated:
             return None
+        held = plan.held_sources
+        if held is not None:
+            try:
+                if same_objects(held[0](self.state.buffers), held[1]) and same_objects(held[2](self.env), held[3]):
+                    self.state.stage2_streak = 0
+                    return None
+            except KeyError:  # a source buffer was dropped: look at each
+                pass
         for owner, (addr, cap) in plan.sources.items():
             buf = self.state.buffers.get(owner, self.env[owner] if owner in self.graph.initializers else None)
             if buf is None or self.addresses.address(buf) != addr or buf.nbytes != cap:
@@ -175,6 +191,11 @@ class DecodeMemoSteps:
                 name = self.graph.values[owner].name
                 return f"view plan source {name!r} moved or resized"
         self.state.stage2_streak = 0
+        # the very arrays just found in place (held, they cannot move or resize): the
+        # slot's buffers, and the environment's entries of initializer sources
+        owned = [owner for owner in plan.sources if owner in self.state.buffers]
+        constant = [owner for owner in plan.sources if owner not in self.state.buffers]
+        plan.held_sources = (*_objects_at(self.state.buffers, owned), *_objects_at(self.env, constant))
         return None
 
     # -- shape arithmetic folding ------------------------------------------------------
