@@ -192,3 +192,18 @@ def test_view_plan_admission_says_why_a_layout_node_is_left_out():
     assert admit(node, {3: (2,)}, {3: geometry}, stable, {}).startswith("the source's shape varies")
     assert admit(node, {1: (2,), 3: (2,)}, {3: geometry}, set().__contains__, {}).startswith(
         "the source is not stable storage")
+
+
+def test_variant_values_are_grouped_by_declared_shape_in_first_appearance_order():
+    """A replay resolves each declared shape of the variant values once (`group_by_shape`):
+    values sharing a shape share its group, an unknown shape (None) is a group, an
+    unhashable one stands alone; every value appears exactly once."""
+    from types import SimpleNamespace
+
+    from workbench.executor.memo import group_by_shape
+
+    shapes = [(1, "T", 4), None, (1, "T1", 4), (1, "T", 4), ["odd"], None, (1, "T1", 4)]
+    values = [SimpleNamespace(shape=s) for s in shapes]
+    groups = group_by_shape([0, 1, 2, 3, 4, 5, 6], values)
+    assert groups == (((1, "T", 4), (0, 3)), (None, (1, 5)), ((1, "T1", 4), (2, 6)), (["odd"], (4,)))
+    assert sorted(v for _, vids in groups for v in vids) == list(range(7))

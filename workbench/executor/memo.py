@@ -57,6 +57,9 @@ class DecodePlanMemo:
     invariant: dict[int, tuple | None]  # value id -> resolved shape, replayed verbatim
     variant: list[int]  # value ids re-substituted every replay
     signature: tuple  # length-abstracted caller-bound I/O signature
+    #: `variant` by declared symbolic shape, ((shape, value ids), ...): a replay
+    #: resolves each shape once (a decode model has a handful for its ~100 values)
+    variant_groups: tuple = ()
 
     def mismatch(self, bindings: dict[str, int], signature: tuple) -> str | None:
         """None when this step may replay, else the reason it may not."""
@@ -69,6 +72,20 @@ class DecodePlanMemo:
             if value != ref and sym not in self.varying:
                 return f"non-varying symbol {sym} changed {ref}->{value}"
         return None
+
+
+def group_by_shape(vids: list[int], values: list) -> tuple:
+    """((declared shape, value ids), ...) in first-appearance order; an unhashable
+    shape makes a group of its own."""
+    groups: dict = {}
+    alone = []
+    for vid in vids:
+        shape = values[vid].shape
+        try:
+            groups.setdefault(shape, []).append(vid)
+        except TypeError:
+            alone.append((shape, (vid,)))
+    return tuple((shape, tuple(ids)) for shape, ids in groups.items()) + tuple(alone)
 
 
 def signature_diff(old: tuple, new: tuple) -> str:

@@ -19,6 +19,7 @@ from .memo import (
     DecodePlanMemo,
     ShapeFold,
     ViewPlan,
+    group_by_shape,
     growth_transition,
     shape_fold_nodes,
     shape_mentions,
@@ -49,19 +50,10 @@ class DecodeMemoSteps:
     def _replay_prepare(self, memo: DecodePlanMemo, bindings: dict[str, int], bound: dict[int, Any]) -> None:
         """Stage 1 replay: keep the invariant partition, re-substitute only the variant tail."""
         values, shapes = self.graph.values, self.state.shapes
-        resolved: dict[tuple, tuple | None] = {}  # symbolic shape -> its value under `bindings`
-        for vid in memo.variant:
-            shape = values[vid].shape
-            if shape is None:
-                shapes[vid] = None
-                continue
-            try:
-                got = resolved.get(shape, resolved)
-            except TypeError:  # an unhashable shape: resolve it on its own
-                got = resolve(shape, bindings)
-            if got is resolved:
-                got = resolved[shape] = resolve(shape, bindings)
-            shapes[vid] = got
+        for shape, vids in memo.variant_groups:
+            got = None if shape is None else resolve(shape, bindings)
+            for vid in vids:
+                shapes[vid] = got
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
             k, j = self.state.bound_slots[vid]
@@ -159,7 +151,8 @@ class DecodeMemoSteps:
                 variant.append(vid)
             else:
                 invariant[vid] = shape
-        self.state.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature)
+        self.state.memo = DecodePlanMemo(dict(bindings), varying, invariant, variant, signature,
+                                         group_by_shape(variant, self.graph.values))
         variant_set = set(variant)
         self.state.variant_preallocated = [s for s in self.state.preallocated if s[2] in variant_set or s[3] in variant_set]
         outputs = set(self.graph.outputs)
