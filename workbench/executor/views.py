@@ -74,7 +74,9 @@ class KnownAddresses:
                 self._roots_now[key] = (entry[0], nbytes, None, nbytes, found)
             return found
         root_nbytes = int(getattr(root, "nbytes", nbytes))
-        found = (self.address(arr), self.address(root) if hasattr(root, "nbytes") else address(root), root_nbytes)
+        # read directly: this entry is what the next step looks up (a view's own address
+        # entry would be a second weak reference to it, rarely asked for)
+        found = (address(arr), address(root), root_nbytes)
         try:
             self._roots_now[key] = (weakref.ref(arr), nbytes, weakref.ref(root), root_nbytes, found)
         except TypeError:
