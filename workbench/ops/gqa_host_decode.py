@@ -67,8 +67,7 @@ def caches_in(dtype: np.dtype, caches: tuple) -> bool:
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
-    __slots__ = ("num_heads", "kv_heads", "head_size", "alpha",
-                 "cos", "sin", "signed_sin", "halves", "swapped_halves", "pair", "rotated",
+    __slots__ = ("alpha", "cos", "sin", "signed_sin", "halves", "swapped_halves", "pair", "rotated",
                  "swapped", "q", "k_rows", "v_rows", "out")
 
     @classmethod
@@ -90,7 +89,6 @@ class HostDecode:
                 or any(x is not None and not x.flags.c_contiguous for x in (query, key, value))):
             return None
         self = cls()
-        self.num_heads, self.kv_heads, self.head_size = num_heads, kv_heads, head_size
         self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
         group = num_heads // kv_heads
         if key is None:
