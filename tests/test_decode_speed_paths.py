@@ -305,3 +305,28 @@ def test_sibling_matmuls_fused_vs_onnxruntime(rows, opset):
                               names=("q_out", "k_out", "v", "shared_out", "w3_total"))
     for run, name, g, w in runs:
         _close(g, w, run, name)
+
+
+def test_gqa_overlap_check_agrees_with_numpy_on_views_of_owned_and_borrowed_memory():
+    """The one-token path refuses presents overlapping a past; its check answers without
+    numpy where two arrays' memory has different owners. On views (offsets, dtypes,
+    strides) of owned buffers and of borrowed memory (np.frombuffer, twice over one
+    buffer), it must agree with numpy's extent test everywhere."""
+    from workbench.ops.contrib_attention import _overlap
+
+    rng = np.random.default_rng(0)
+    shared = bytearray(4096)
+    sources = [np.empty(4096, np.uint8) for _ in range(3)]
+    sources += [np.frombuffer(shared, np.uint8), np.frombuffer(shared, np.uint8)]
+
+    def some_view():
+        source = sources[rng.integers(len(sources))]
+        start, n = int(rng.integers(0, 2048)), int(rng.integers(8, 2048))
+        view = source[start:start + n]
+        if rng.random() < 0.5:
+            view = view[: view.size // 4 * 4].view(np.float32)
+        return view[::2] if rng.random() < 0.3 else view
+
+    pairs = [(some_view(), some_view()) for _ in range(3000)]
+    assert [_overlap(a, b) for a, b in pairs] == [bool(np.may_share_memory(a, b)) for a, b in pairs]
+    assert any(_overlap(a, b) for a, b in pairs) and not all(_overlap(a, b) for a, b in pairs)

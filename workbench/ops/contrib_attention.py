@@ -275,6 +275,12 @@ def _overlap(a: Any, b: Any) -> bool:
     if a.size == 0 or b.size == 0:
         return False
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        # numpy points a view's base at the array owning its memory: two different
+        # owners' allocations never overlap (a growing cache's new present and its past)
+        ra = a if a.base is None else a.base
+        rb = b if b.base is None else b.base
+        if ra is not rb and type(ra) is np.ndarray and type(rb) is np.ndarray and ra.base is None and rb.base is None:
+            return False
         return bool(np.may_share_memory(a, b))  # the same extent test, in C
 
     def extent(x: Any) -> tuple[int, int]:
