@@ -36,7 +36,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .gqa_host_decode import HostDecode, caches_in, signed_sin_table
+from .gqa_host_decode import SIGNS, HostDecode, caches_in, signed_sin_table, write_presents
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -99,7 +99,7 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
     halves = x[:, :rot_dim].reshape(rows, 2, half)
     out = halves * cos
     if xp is np:
-        out += halves[:, ::-1] * (sin * _SIGNS)  # (b, a) * (-sin, sin)
+        out += halves[:, ::-1] * (sin * SIGNS)  # (b, a) * (-sin, sin)
     else:  # the same, without a host constant on the device
         swapped = halves[:, ::-1] * sin
         out[:, 0] -= swapped[:, 0]
@@ -108,10 +108,6 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
     if rot_dim < width:
         out = xp.concatenate((out, x[:, rot_dim:]), axis=1)
     return out
-
-
-#: (-1, +1) down the halves axis; int8, so multiplying keeps the other operand's dtype
-_SIGNS = np.array([[-1], [1]], np.int8)
 
 
 def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
@@ -657,25 +653,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         head_sink = inputs[11] if len(inputs) > 11 else None
         present_len = present_shape[2]
         pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
-        kept = min(past_key.shape[2], present_len, pos)
-        # a growing cache: the present is exactly the past, then the new row
-        appended = kept == past_key.shape[2] == pos == present_len - 1
-        row_shape = (1, present_shape[1], 1, present_shape[3])
-        presents = []
-        for out, past, row, same in ((outs[1], past_key, k_row, shared[0]),
-                                     (outs[2], past_value, v_row, shared[1])):
-            if same:
-                out[0, :, pos] = row
-            else:
-                if out is None:
-                    out = np.empty(present_shape, dtype=past.dtype)
-                if appended:
-                    np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
-                else:
-                    out[:, :, :kept] = past[:, :, :kept]
-                    out[:, :, kept:] = 0
-                    out[0, :, pos] = row
-            presents.append(out)
+        presents = write_presents(outs, past_key, past_value, k_row, v_row, present_shape, shared, pos)
         start = max(pos - local_window + 1, 0) if local_window > 0 else 0
         bias = None
         if attention_bias is not None and min(attention_bias.shape[3], pos + 1) > start:

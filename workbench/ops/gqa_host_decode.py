@@ -64,6 +64,33 @@ def caches_in(dtype: np.dtype, caches: tuple) -> bool:
     return all(cache is None or cache.dtype == dtype for cache in caches)
 
 
+def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_row: np.ndarray,
+                   v_row: np.ndarray, present_shape: tuple, shared: list, pos: int) -> list:
+    """The present caches after one decode step (numpy): the new K/V rows written at
+    `pos` of a buffer shared with the past, or past rows 0..pos-1, the new row and
+    zeros after it in a present of its own (a growing cache's: exactly the past, then
+    the new row, one concatenation). Into `outs[1:3]` where given."""
+    present_len = present_shape[2]
+    kept = min(past_key.shape[2], present_len, pos)
+    appended = kept == past_key.shape[2] == pos == present_len - 1  # a growing cache
+    row_shape = (1, present_shape[1], 1, present_shape[3])
+    presents = []
+    for out, past, row, same in ((outs[1], past_key, k_row, shared[0]), (outs[2], past_value, v_row, shared[1])):
+        if same:
+            out[0, :, pos] = row
+        else:
+            if out is None:
+                out = np.empty(present_shape, dtype=past.dtype)
+            if appended:
+                np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
+            else:
+                out[:, :, :kept] = past[:, :, :kept]
+                out[:, :, kept:] = 0
+                out[0, :, pos] = row
+        presents.append(out)
+    return presents
+
+
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
@@ -146,24 +173,7 @@ class HostDecode:
                         else self.sin[r] * SIGNS, out=self.swapped)
             np.add(self.rotated, self.swapped, out=self.rotated)
 
-        kept = min(past_key.shape[2], present_len, pos)
-        appended = kept == past_key.shape[2] == pos == present_len - 1  # a growing cache
-        row_shape = (1, present_shape[1], 1, present_shape[3])
-        presents = []
-        for out, past, row, same in ((outs[1], past_key, self.k_rows, shared[0]),
-                                     (outs[2], past_value, self.v_rows, shared[1])):
-            if same:
-                out[0, :, pos] = row
-            else:
-                if out is None:
-                    out = np.empty(present_shape, dtype=past.dtype)
-                if appended:
-                    np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
-                else:
-                    out[:, :, :kept] = past[:, :, :kept]
-                    out[:, :, kept:] = 0
-                    out[0, :, pos] = row
-            presents.append(out)
+        presents = write_presents(outs, past_key, past_value, self.k_rows, self.v_rows, present_shape, shared, pos)
 
         start = max(pos - window + 1, 0) if window > 0 else 0
         scores = np.matmul(self.q, presents[0][0, :, start:pos + 1].transpose(0, 2, 1))
