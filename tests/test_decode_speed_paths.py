@@ -152,6 +152,48 @@ def test_gqa_host_position_path_on_a_shared_fixed_cache_vs_onnxruntime(monkeypat
     assert (session.recording.capture_events().event == "replay").any(), "the replays must run for this to bite"
 
 
+def _growing_gqa_session(heads=6, kv_heads=2, head=16, hidden=32, qkv="packed"):
+    model, _, _ = _gqa_decode_model(heads=heads, kv_heads=kv_heads, head=head, hidden=hidden, qkv=qkv)
+    for vi in list(model.graph.input)[1:3] + list(model.graph.output)[1:]:
+        vi.type.tensor_type.shape.dim[2].dim_param = "past" if vi.name.startswith("past") else "total"
+    return model, workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+
+
+def test_gqa_keeps_no_spent_growing_cache_alive():
+    """With a growing cache every call brings new past and present arrays: the kernel
+    keeps nothing of them for the next call (each layer holding its spent past would add
+    one generation of the whole KV cache to the peak)."""
+    import gc
+    import weakref
+
+    _, session = _growing_gqa_session()
+    node = next(p for p in session.executor.plan.nodes if p.node.op_type == "GroupQueryAttention")
+    kernel, seen = node.fn, {}
+
+    def spy(ins, outs):
+        seen["call"] = (list(ins), list(outs))
+        return kernel(ins, outs)
+    object.__setattr__(node, "fn", spy)
+    rng = np.random.default_rng(3)
+    past = rng.standard_normal((1, 2, 4, 16)).astype(np.float32)
+    feeds = {"x": rng.standard_normal((1, 1, 32)).astype(np.float32), "past_key": past, "past_value": past.copy(),
+             "seqlens_k": np.array([4], np.int32), "total_sequence_length": np.array(5, np.int32)}
+    for _ in range(3):  # steady: the kernel's kept setups are in place
+        session.run(None, feeds)
+    ins, outs = seen.pop("call")
+    for length in (9, 10, 11):  # straight calls with caches of their own, as growing decode steps
+        ins[3], ins[4] = (rng.standard_normal((1, 2, length, 16)).astype(np.float32) for _ in range(2))
+        outs[1], outs[2] = (np.empty((1, 2, length + 1, 16), np.float32) for _ in range(2))
+        ins[5], ins[6] = np.array([length], np.int32), np.array(length + 1, np.int32)
+        caches = [weakref.ref(a) for a in (ins[3], ins[4], outs[1], outs[2])]
+        results = kernel(ins, outs)
+        np.testing.assert_array_equal(results[1][:, :, :length], ins[3])
+        del results
+        ins[3] = ins[4] = outs[1] = outs[2] = None
+        gc.collect()
+        assert all(ref() is None for ref in caches), "a spent cache is still held"
+
+
 @pytest.mark.parametrize("qkv", ["packed", "split"])
 def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch, qkv):
     """Growing KV (a new, one-row-longer present each step): past rows copied, the new
@@ -159,10 +201,7 @@ def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch, q
     counter = _CountHostPositions(monkeypatch)
     prepared = _CountPreparedCalls(monkeypatch)
     heads, kv_heads, head, hidden = 6, 2, 16, 32
-    model, _, _ = _gqa_decode_model(heads=heads, kv_heads=kv_heads, head=head, hidden=hidden, qkv=qkv)
-    for vi in list(model.graph.input)[1:3] + list(model.graph.output)[1:]:
-        vi.type.tensor_type.shape.dim[2].dim_param = "past" if vi.name.startswith("past") else "total"
-    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    model, session = _growing_gqa_session(heads, kv_heads, head, hidden, qkv)
     oracle = _ort(model)
     rng = np.random.default_rng(6)
     x = np.empty((1, 1, hidden), np.float32)

@@ -481,8 +481,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                     prepared.keep(fixed_inputs, fixed_outs, plan or False)
                 if plan and not caches_in(plan.out.dtype, (inputs[3], inputs[4], outs[1], outs[2])):
                     plan = None
-            # a setup that read total_sequence_length's value is not kept: that may change
-            checked.keep(inputs, outs, (setup, plan) if setup is not None and not setup[-1] else None)
+            # not kept: a setup that read total_sequence_length's value (that may change), nor
+            # one for a growing cache (the next call has new caches; holding these would keep
+            # a spent past alive per layer)
+            keep = setup is not None and not setup[-1] and not (setup[2] > setup[1] and not any(setup[4]))
+            checked.keep(inputs, outs, (setup, plan) if keep else None)
         if setup is None:
             return None
         if plan:
