@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 from workbench.addresses import address
 from workbench.executor.views import KnownAddresses, storage_root
@@ -80,3 +81,23 @@ def test_same_arrays_keeps_a_value_for_exactly_those_arrays():
     assert kept.kept_for([a, b.copy()], [out]) is None and kept.kept_for([a, b], [None]) is None
     kept.keep([a, b], [out], None)
     assert kept.kept_for([a, b], [out]) is None, "None forgets"
+
+
+def test_holds_now_is_true_only_while_the_very_objects_are_there():
+    from workbench.addresses import holds_now
+
+    a, b, c = np.zeros(2), np.zeros(2), np.zeros(2)
+    env = [a, b, c]
+    for keys in ((), (1,), (0, 2)):
+        check = holds_now(env, keys)
+        assert check(env)
+        if keys:
+            env[keys[-1]] = env[keys[-1]].copy()  # equal values, another object
+            assert not check(env)
+            env[:] = [a, b, c]
+            assert check(env)
+    buffers = {"x": a}
+    check = holds_now(buffers, ["x"])
+    del buffers["x"]
+    with pytest.raises(KeyError):
+        check(buffers)

@@ -262,7 +262,7 @@ def test_cached_view_plan_trusts_identity_only_for_folded_shape_parameters(captu
         past = got[0]
         plan = session.executor.state.view_plan
         if plan is not None:
-            kept_by_identity |= {names[k] for k, (vids, _) in plan.same_source.items() if len(vids) > 1}
+            kept_by_identity |= {names[k] for k in plan.same_source}
     stats = session.memo_stats()
     assert stats["replayed"] >= 4 and stats["shape_folded"] > 0, stats
     if not capture:

@@ -48,6 +48,22 @@ def same_objects(now: Any, then: tuple) -> bool:
     return len(now) == len(then) and all(map(operator.is_, now, then))
 
 
+def holds_now(container: Any, keys: Any) -> Any:
+    """A check of a container like `container` (a list or dict): True while it holds,
+    at `keys`, the very objects it holds there now (a key gone raises KeyError). The
+    objects are held by the check, so no identity can be reused meanwhile."""
+    keys = tuple(keys)
+    if not keys:
+        return lambda _: True
+    if len(keys) == 1:
+        key, = keys
+        only = container[key]
+        return lambda c: c[key] is only
+    get = operator.itemgetter(*keys)
+    objects = get(container)
+    return lambda c: same_objects(get(c), objects)
+
+
 class SameArrays:
     """One value worked out from a kernel call's arrays (shapes, strides, addresses,
     views of them, never their contents), kept for the next call with the very same

@@ -15,12 +15,11 @@ re-segments with that op as a seam.
 
 from __future__ import annotations
 
-import operator
 import time
 import weakref
 from typing import Any
 
-from ..addresses import address, same_objects
+from ..addresses import address, holds_now
 from ..errors import KernelError
 from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
@@ -269,14 +268,14 @@ class CaptureRunner:
                     or a.strides != strides or a.dtype.str != dtype or known(a) != addr:
                 return False
             if vid in initializers:
-                fixed.append((vid, a))
+                fixed.append(vid)
             else:
                 live.append((vid, shape, strides, a, a.dtype))
         try:
             live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
         except TypeError:  # something without weak references: check it in full every step
             return True
-        self._bindings_seen[key] = (weakref.ref(captured), live, _holds_exactly(fixed))
+        self._bindings_seen[key] = (weakref.ref(captured), live, holds_now(env, fixed))
         return True
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
@@ -353,15 +352,3 @@ class CaptureRunner:
                     node_count=n, kind="eager", state="eager")
         rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
                     domain="", reason="capture_disabled", detail=why, symbols=[])
-
-
-def _holds_exactly(entries: list[tuple[int, Any]]) -> Any:
-    """A check of an environment: True when it holds the very `(value id, array)` objects."""
-    if not entries:
-        return lambda env: True
-    if len(entries) == 1:
-        (vid, only), = entries
-        return lambda env: env[vid] is only
-    vids, objects = zip(*entries)
-    get = operator.itemgetter(*vids)
-    return lambda env: same_objects(get(env), objects)

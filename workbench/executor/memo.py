@@ -122,15 +122,15 @@ class ViewPlan:
     #: so a node is reinstated only while they are unchanged
     params: dict[int, tuple] = field(default_factory=dict)
     validated: bool = False
-    #: plan index -> ((value id, ...), (array, ...)): the source and runtime parameters
-    #: its parameter key was last found equal on, where each parameter is immutable by
-    #: construction (none, or a shape-fold value: a private copy no kernel writes).
-    #: While the environment holds those very objects (a source array cannot move or
-    #: change shape; the parameters cannot change), the key is unchanged without being
-    #: recomputed
-    same_source: dict[int, tuple] = field(default_factory=dict)
-    #: (getter of the source buffers from the slot's buffers, those buffers) as the
-    #: guard last found them in place: the very same objects are where they were
+    #: plan index -> a check (`addresses.holds_now`) that the environment holds the
+    #: source and runtime parameters its parameter key was last found equal on, where
+    #: each parameter is immutable by construction (none, or a shape-fold value: a
+    #: private copy no kernel writes). While it holds those very objects (a source array
+    #: cannot move or change shape; the parameters cannot change), the key is unchanged
+    #: without being recomputed
+    same_source: dict[int, Any] = field(default_factory=dict)
+    #: (check of the slot's buffers, check of the environment's initializer entries):
+    #: the source arrays the guard last found in place are still the very ones there
     held_sources: tuple | None = None
 
     @property

@@ -7,12 +7,11 @@ A mixin of `Executor`: it reads and writes the current slot's prepared state
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
 
-from ..addresses import same_objects
+from ..addresses import holds_now
 from ..errors import MemoVerifyError
 from .memo import (
     STAGE2_MISMATCH_LIMIT,
@@ -35,13 +34,6 @@ from .views import address, is_view_of
 def bound_signature(bound: dict[int, Any], address_of: Any = address) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
     return tuple((vid, address_of(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
-
-
-def _objects_at(container: Any, keys: list) -> tuple:
-    """(getter of `keys` from a container like `container`, the objects there now)."""
-    getter = operator.itemgetter(*keys) if keys else (lambda _: ())
-    found = getter(container)
-    return getter, (found,) if len(keys) == 1 else found
 
 
 class DecodeMemoSteps:
@@ -169,7 +161,7 @@ class DecodeMemoSteps:
         held = plan.held_sources
         if held is not None:
             try:
-                if same_objects(held[0](self.state.buffers), held[1]) and same_objects(held[2](self.env), held[3]):
+                if held[0](self.state.buffers) and held[1](self.env):
                     self.state.stage2_streak = 0
                     return None
             except KeyError:  # a source buffer was dropped: look at each
@@ -188,7 +180,7 @@ class DecodeMemoSteps:
         # slot's buffers, and the environment's entries of initializer sources
         owned = [owner for owner in plan.sources if owner in self.state.buffers]
         constant = [owner for owner in plan.sources if owner not in self.state.buffers]
-        plan.held_sources = (*_objects_at(self.state.buffers, owned), *_objects_at(self.env, constant))
+        plan.held_sources = (holds_now(self.state.buffers, owned), holds_now(self.env, constant))
         return None
 
     # -- shape arithmetic folding ------------------------------------------------------
@@ -313,14 +305,13 @@ class DecodeMemoSteps:
         if runtime and (fold is None or not fold.validated
                         or any(env[v] is None or env[v] is not fold.values.get(v) for v in runtime)):
             return
-        vids = (first,) + runtime
-        plan.same_source[k] = (vids, tuple(env[v] for v in vids))
+        plan.same_source[k] = holds_now(env, (first,) + runtime)
 
     def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
         False (nothing reinstated) when a runtime parameter of the node changed."""
         same = plan.same_source.get(p.index)
-        if same is None or not all(map(operator.is_, map(env.__getitem__, same[0]), same[1])):
+        if same is None or not same(env):
             if self._param_keys(p.index) != plan.params[p.index]:
                 self._view_plan_stale = True
                 return False

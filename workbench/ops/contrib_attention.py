@@ -440,7 +440,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # what holds for the arrays other than the past/present caches (a growing cache's are
     # new every step; these are not): the head size and, on numpy in the plain
     # configuration, the prepared `HostDecode`
-    steady, prepared = SameArrays(), SameArrays()
+    steady = SameArrays()
     plain_host = xp is np and softcap == 0.0 and not smooth_softmax
     signed_sin: list = [None, None]  # (the sin cache initializer, its signed table)
 
@@ -468,19 +468,16 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         else:
             # the position inputs are not among these: computed in the graph, they may be new arrays
             fixed_inputs, fixed_outs = inputs[:3] + inputs[7:9] + inputs[10:], outs[:1] + outs[3:]
-            head_size = steady.kept_for(fixed_inputs, fixed_outs)
-            if head_size is None:
+            fixed = steady.kept_for(fixed_inputs, fixed_outs)
+            if fixed is not None:
+                head_size, plan = fixed
+            else:
                 head_size = steady_head_size(inputs, outs)
-                steady.keep(fixed_inputs, fixed_outs, head_size or False)
+                plan = host_plan(inputs, outs, head_size) if head_size and plain_host else None
+                steady.keep(fixed_inputs, fixed_outs, (head_size, plan))
             setup = cache_setup(inputs, outs, head_size) if head_size else None
-            plan = None
-            if setup is not None and plain_host:
-                plan = prepared.kept_for(fixed_inputs, fixed_outs)
-                if plan is None:
-                    plan = host_plan(inputs, outs, head_size)
-                    prepared.keep(fixed_inputs, fixed_outs, plan or False)
-                if plan and not caches_in(plan.out.dtype, (inputs[3], inputs[4], outs[1], outs[2])):
-                    plan = None
+            if plan and (setup is None or not caches_in(plan.out.dtype, (inputs[3], inputs[4], outs[1], outs[2]))):
+                plan = None
             # not kept: a setup that read total_sequence_length's value (that may change), nor
             # one for a growing cache (the next call has new caches; holding these would keep
             # a spent past alive per layer)
