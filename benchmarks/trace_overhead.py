@@ -29,12 +29,13 @@ def exports(size: str = "small"):
     yield "optimum merged", models.llama(size, flavor="onnx", export="optimum-merged").SerializeToString()
 
 
-def decode(session: workbench.InferenceSession, tokens: int) -> tuple[list[float], float]:
+def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> tuple[list[float], float]:
     """(the decode steps' wall times in s, median share of a decode step outside kernels;
-    nan untraced), for one generation in a fresh recording."""
-    traced = session.recording is not None
+    nan untraced), for one generation: in a fresh recording, or with the trace stopped."""
     if traced:
         session.new_recording()
+    else:
+        session.stop_recording()
     result = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1)
     steps = result.step_times[2:]  # the prefill and the first (re-planning) step left out
     return steps, outside_kernels(session.recording) if traced else float("nan")
@@ -57,17 +58,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"per-token decode latency, {args.tokens} tokens: the median decode step of {args.rounds} "
-          "interleaved rounds (one session each way, so a noisy neighbour slows both alike); "
+          "interleaved rounds of one session, its trace on and off in turn (the same weights and "
+          "buffers both ways; the order flips each round, so drift and a noisy neighbour weigh alike); "
           "outside kernels: share of a traced decode step (median) not inside a node's kernel")
     print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'overhead':>10}{'outside kernels':>17}")
     for label, data in exports():
-        sessions = {trace: workbench.InferenceSession(data, options=SessionOptions(trace=trace))
-                    for trace in (False, True)}
+        session = workbench.InferenceSession(data, options=SessionOptions(trace=True))
         steps: dict[bool, list[float]] = {False: [], True: []}
         shares = []
-        for _ in range(args.rounds):
-            for trace, session in sessions.items():
-                got, share = decode(session, args.tokens)
+        for round_ in range(args.rounds):
+            for trace in ((True, False) if round_ % 2 else (False, True)):
+                got, share = decode(session, args.tokens, trace)
                 steps[trace] += got
                 if trace:
                     shares.append(share)

@@ -155,3 +155,21 @@ def test_new_recording_starts_a_fresh_run_and_keeps_the_old_one():
     assert fresh.rewrites().rule.tolist() == first.rewrites().rule.tolist()
     Generator(session).generate([3, 4, 5], 4, progress=False, eos_token_id=-1)
     assert len(first) == steps and len(fresh) == 4
+
+
+def test_stop_recording_runs_untraced_and_decodes_like_onnxruntime():
+    from workbench import Generator, models
+
+    model = models.llama("tiny", flavor="onnx")
+    session = workbench.InferenceSession(model)
+    expected = Generator(_ort(model)).generate([3, 4, 5], 6, progress=False, eos_token_id=-1).tokens
+    traced = session.recording
+    assert Generator(session).generate([3, 4, 5], 6, progress=False, eos_token_id=-1).tokens == expected
+    steps = len(traced)
+    assert session.stop_recording() is traced
+    assert session.recording is None and session.executor.recording is None
+    assert Generator(session).generate([3, 4, 5], 6, progress=False, eos_token_id=-1).tokens == expected
+    assert len(traced) == steps  # nothing more was written into it
+    fresh = session.new_recording()
+    assert Generator(session).generate([3, 4, 5], 6, progress=False, eos_token_id=-1).tokens == expected
+    assert len(fresh) == 6 and len(traced) == steps

@@ -116,6 +116,14 @@ class InferenceSession:
         self.recording = self.executor.recording = rec
         return rec
 
+    def stop_recording(self) -> Recording | None:
+        """Run untraced from now on (until `new_recording`); returns the Recording that
+        was being written, as it stands. Tracing a window of a long decode, or timing
+        one session with and without its trace, is these two calls."""
+        rec, self.recording = self.recording, None
+        self.executor.recording = None
+        return rec
+
     def memo_stats(self) -> dict:
         """Counters of the decode-plan memo: primed, rebuilt, replayed, views reused, ..."""
         return self.executor.memo_stats.as_dict()
