@@ -1,4 +1,5 @@
-"""`backend.addresses.address` reads numpy's `__array_struct__` capsule: it must give
+"""`addresses.address` reads numpy's data pointer out of the array object (the
+`__array_struct__` capsule where its import-time check fails): both readings must give
 exactly what `__array_interface__` gives, for every kind of array the executor meets,
 and `KnownAddresses.where` (its main reader) must stay right for arrays that own their
 bytes (the one-read path) as well as views."""
@@ -37,11 +38,25 @@ def _arrays(tmp_path):
 
 
 def test_address_is_what_the_array_interface_says(tmp_path):
+    from workbench import addresses
+
+    assert addresses._DATA_FIELD is not None, "the import-time check refused the direct reading here"
     checked = 0
     for label, a in _arrays(tmp_path):
         assert address(a) == a.__array_interface__["data"][0], label
+        if isinstance(a, np.ndarray):
+            assert addresses._address_from_capsule(a) == address(a), label
         checked += 1
     assert checked == 14
+
+
+def test_address_falls_back_to_the_capsule_where_the_check_fails(monkeypatch, tmp_path):
+    from workbench import addresses
+
+    assert addresses._data_field_offset(addresses._DATA_FIELD + 8) is None  # the field after it: refused
+    monkeypatch.setattr(addresses, "_DATA_FIELD", None)
+    for label, a in _arrays(tmp_path):
+        assert address(a) == a.__array_interface__["data"][0], label
 
 
 def test_an_array_that_owns_its_bytes_and_a_view_are_found_where_they_are():

@@ -245,7 +245,6 @@ def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
         del a
         b = second[1:3]
         reused += id(b) == old
-        assert known.address(b) == address(b)
         assert known.where(b) == (address(b), address(second), second.nbytes)
         del b
     assert reused, "the id must come back at least once for this test to bite"

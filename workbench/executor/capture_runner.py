@@ -48,8 +48,6 @@ class CaptureRunner:
         self.replayed_nodes: list[int] = []
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
-        #: the executor's addresses of arrays read this step and the last
-        self.addresses = executor.addresses
         #: (slot, segment) -> (captured graph, (weakref, dtype) of each input its last check saw)
         self._bindings_seen: dict[tuple, tuple] = {}
         #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)
@@ -259,13 +257,12 @@ class CaptureRunner:
                 else:
                     return True
         self._bindings_seen.pop(key, None)
-        known = self.addresses.address
         initializers = self.ex.graph.initializers
         live, fixed = [], []
         for vid, dtype, shape, strides, addr in captured.signature:
             a = env[vid]
             if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
-                    or a.strides != strides or a.dtype.str != dtype or known(a) != addr:
+                    or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
                 return False
             if vid in initializers:
                 fixed.append(vid)

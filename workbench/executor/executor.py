@@ -449,7 +449,7 @@ class Executor(DecodeMemoSteps):
                     rec.buffer("pin", owner, 0, p.index)
             base = self._owner_address.get(owner)
             if base is None:
-                base = self._owner_address[owner] = self.addresses.address(self.env[owner])
+                base = self._owner_address[owner] = address(self.env[owner])
             itemsize = r.itemsize or 1
             geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
             self._observed[vid] = (r, owner, *geometry)

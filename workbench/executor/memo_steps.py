@@ -31,9 +31,9 @@ from .shapes import resolve
 from .views import address, is_view_of
 
 
-def bound_signature(bound: dict[int, Any], address_of: Any = address) -> tuple:
+def bound_signature(bound: dict[int, Any]) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
-    return tuple((vid, address_of(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
+    return tuple((vid, address(arr), arr.shape, arr.strides, arr.dtype.str) for vid, arr in bound.items())
 
 
 class DecodeMemoSteps:
@@ -84,7 +84,7 @@ class DecodeMemoSteps:
     def _plan_step(self, feeds: dict[int, Any], bindings: dict[str, int],
                    bound: dict[int, Any]) -> tuple[str, str]:
         """Prepare this step; returns the memo action and its reason."""
-        exact = (tuple(bindings.items()), bound_signature(bound, self.addresses.address))
+        exact = (tuple(bindings.items()), bound_signature(bound))
         replan, self.state.replan = self.state.replan, None
         if replan is not None:
             # the last run found the prepared plan wrong (a kernel needed just-in-time
@@ -168,7 +168,7 @@ class DecodeMemoSteps:
                 pass
         for owner, (addr, cap) in plan.sources.items():
             buf = self.state.buffers.get(owner, self.env[owner] if owner in self.graph.initializers else None)
-            if buf is None or self.addresses.address(buf) != addr or buf.nbytes != cap:
+            if buf is None or address(buf) != addr or buf.nbytes != cap:
                 self.state.stage2_streak += 1
                 self.memo_stats.stage2_mismatches += 1
                 if self.state.stage2_streak >= STAGE2_MISMATCH_LIMIT:
@@ -262,7 +262,7 @@ class DecodeMemoSteps:
                     views[v] = observed[v]
                     owner = observed[v][1]
                     buf = buffers.get(owner, self.env[owner])
-                    sources[owner] = (self.addresses.address(buf), buf.nbytes)
+                    sources[owner] = (address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
     def _param_keys(self, k: int) -> tuple:
@@ -279,7 +279,7 @@ class DecodeMemoSteps:
         first, runtime = params
         source = env[first]
         keys = [(first, None) if source is None else
-                (first, self.addresses.address(source), source.shape, source.strides)]
+                (first, address(source), source.shape, source.strides)]
         on_host = self.backend.buffers_are_host
         for vid in runtime:
             value = env[vid]
