@@ -8,8 +8,6 @@ signature skip straight to dispatch.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +19,7 @@ from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
+from .liveness_rows import LivenessRows
 from .memo import MemoStats
 from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
@@ -28,7 +27,7 @@ from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
 from .shapes import bind_symbols, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
-from .storage import ALIAS, INITIALIZER, INPUT, OWNER, VIEW, StoragePlan, plan_storage
+from .storage import ALIAS, VIEW, plan_storage
 from .views import KnownAddresses, address, is_view_of
 
 
@@ -94,7 +93,11 @@ class Executor(DecodeMemoSteps):
         #: plan index of a view node -> (its source input, its runtime parameter inputs)
         self._view_params: dict[int, tuple[int, tuple[int, ...]]] = {}
         #: slot name -> the last liveness rows emitted for it and what they were made from
-        self._liveness: dict[str, _LivenessRows] = {}
+        self._liveness: dict[str, LivenessRows] = {}
+        #: what liveness rows need not re-read each step: all but layout nodes' outputs
+        #: keep the storage plan's owner; initializers keep their arrays
+        self._view_vids = tuple(o for p in self.plan.nodes if p.spec.produces_view for o in p.outputs if o >= 0)
+        self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -463,53 +466,12 @@ class Executor(DecodeMemoSteps):
         return r
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
-        """One row per value of the storage plan. A row is a function of the storage plan,
-        the value's owner, the pinned and released sets and, for values holding bytes,
-        their `nbytes`: when the plan, owners, pinned and released are those of the slot's
-        last emitted step, the rows are those last built, with this step's nbytes of the
-        holding values as a patch where they moved (reading nbytes of every holding value
-        is the one per-value cost left; a growing KV cache moves some every step), and
-        an unchanged step hands the Recording the same tuple (and patch) again."""
+        """One row per value of the storage plan (see `liveness_rows`)."""
         sp = self.state.storage
-        last = self._liveness.get(self.state.name)
-        if last is None or last.storage is not sp:
-            last = self._liveness[self.state.name] = _LivenessRows(sp)
-        owners = self._owners
-        rows = patch = None
-        if last.rows is not None and last.nbytes is not None and not released and not last.released \
-                and owners == last.owners and pinned == last.pinned:
-            nbytes = last.nbytes_now(env)
-            if nbytes is not None:
-                rows = last.rows
-                if nbytes == last.nbytes:
-                    patch = last.patch
-                elif nbytes != last.built_nbytes:
-                    patch = (last.holding, nbytes)
-                last.nbytes, last.patch = nbytes, patch
-        if rows is None:
-            rows = last.rows = self._liveness_rows(last, env, released, pinned)
-            last.owners, last.pinned, last.released = dict(owners), set(pinned), dict(released)
-            last.set_holding(tuple(i for i, r in enumerate(rows) if _holds_bytes(r)), env)
-        rec.liveness(rows, patch)
-
-    def _liveness_rows(self, last: _LivenessRows, env: list, released: dict[int, int],
-                       pinned: set[int]) -> tuple:
-        owners, buffers = self._owners, self.state.buffers
-        rows = []
-        append = rows.append
-        for vid, kind, first, lu, owns in last.static:
-            owner = owners.get(vid, vid)
-            if kind is VIEW and owner == vid:
-                kind, owns = OWNER, True  # the layout op had to copy
-            nbytes = 0
-            if owns:
-                value = env[vid]
-                if value is None:
-                    value = buffers.get(vid)
-                nbytes = getattr(value, "nbytes", 0)
-            append((vid, kind, owner, nbytes, first, lu, owner in pinned,
-                    released.get(owner, -1) if released else -1))
-        return tuple(rows)
+        rows = self._liveness.get(self.state.name)
+        if rows is None or rows.storage is not sp:
+            rows = self._liveness[self.state.name] = LivenessRows(sp, self._view_vids, self._fixed_vids)
+        rows.emit(rec, env, self._owners, self.state.buffers, released, pinned)
 
     def _emit_io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
         """Where this step's caller-facing arrays live: every feed, bound output and graph
@@ -615,72 +577,6 @@ class Executor(DecodeMemoSteps):
 
 
 _IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
-_OWNS = frozenset({OWNER, INPUT, INITIALIZER})
-
-
-def _holds_bytes(row: tuple) -> bool:
-    """A liveness row whose nbytes is read from the value (owners, inputs, initializers)."""
-    return row[1] in _OWNS
-
-
-class _LivenessRows:
-    """A slot's last liveness rows and what they were made from (see `_emit_liveness`)."""
-
-    __slots__ = ("storage", "static", "rows", "owners", "pinned", "released", "holding", "nbytes",
-                 "built_nbytes", "patch", "objects", "_get")
-
-    def __init__(self, sp: StoragePlan):
-        self.storage = sp
-        #: (vid, kind, first_def, last_use, owns) of every value: the same for every step
-        self.static = [(vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1), kind in _OWNS)
-                       for vid, kind in sp.storage.items()]
-        #: the rows last built in full (a later step's differ from them only in nbytes)
-        self.rows: tuple | None = None
-        self.owners: dict = {}
-        self.pinned: set = set()
-        self.released: dict = {}
-        self.holding: tuple[int, ...] = ()  # row positions whose nbytes is read from the value
-        self.nbytes: list | None = None  # the holding values' nbytes at the last step
-        self.built_nbytes: list | None = None  # ... and when `rows` were built
-        self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
-        #: the holding values' arrays when `nbytes` was read (they are in the env too)
-        self.objects: tuple | None = None
-        self._get: Any = None
-
-    def set_holding(self, positions: tuple[int, ...], env: list) -> None:
-        self.holding = positions
-        vids = [self.static[i][0] for i in positions]
-        self._get = (operator.itemgetter(*vids) if len(vids) > 1 else
-                     (lambda e, v=vids[0]: (e[v],)) if vids else (lambda e: ()))
-        self.objects = None
-        self.nbytes = self.built_nbytes = self.nbytes_now(env)
-        self.patch = None
-
-    def nbytes_now(self, env: list) -> list | None:
-        """nbytes of every holding value now; None when one has none (an absent value,
-        whose row falls back to its buffer, or a sequence): then rows are rebuilt.
-
-        A value that is the very array it was at the last read has its last nbytes (an
-        array cannot change size while referenced): only the others are read. Comparing
-        references touches no array, which a decode step's cold cache makes worth it."""
-        objects = self._get(env)
-        last = self.objects
-        try:
-            if last is None or self.nbytes is None:
-                nbytes = list(map(_NBYTES, objects))
-            else:
-                nbytes = list(self.nbytes)
-                for i in itertools.compress(itertools.count(), map(operator.is_not, objects, last)):
-                    nbytes[i] = objects[i].nbytes
-        except AttributeError:
-            return None
-        self.objects = objects
-        return nbytes
-
-
-_NBYTES = operator.attrgetter("nbytes")
-
-
 def copy_launch(ins: list, outs: list) -> tuple:
     """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
     outs[0][...] = ins[0]

@@ -1,0 +1,151 @@
+"""A slot's liveness rows, step by step: built in full once, then re-emitted.
+
+One row per value of the storage plan: (value_id, storage, owner_id, nbytes,
+first_def, last_use, pinned, released_at). A row is a function of the storage plan,
+the value's owner, the pinned and released sets and, for values holding bytes, their
+`nbytes`. While the plan, owners, pinned and released are those of the slot's last
+step, the rows are those last built, with this step's nbytes of the holding values as
+a patch where they moved (a growing KV cache moves some every step), and an unchanged
+step hands the Recording the very same tuple (and patch) again.
+
+Per step, what is still read is only what can change: the owners of view values
+(the executor starts every step from the storage plan's owners and only a layout
+node rewrites its own output's), and the arrays of holding values other than the
+graph's initializers, which never change (no feed can replace one: the session
+refuses a feed named like an initializer). Of those arrays, one that is the very object it
+was last step has its last nbytes (an array cannot change size while referenced), so
+comparing references is all a replayed step costs, and it touches no array.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Any
+
+from .storage import INITIALIZER, INPUT, OWNER, VIEW, StoragePlan
+
+_OWNS = frozenset({OWNER, INPUT, INITIALIZER})
+_NBYTES = operator.attrgetter("nbytes")
+
+
+def _getter(keys: list) -> Any:
+    """keys -> a function giving a container's items at `keys` as a tuple."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        key = keys[0]
+        return lambda c: (c[key],)
+    return lambda c: ()
+
+
+class LivenessRows:
+    """A slot's last liveness rows and what they were made from."""
+
+    __slots__ = ("storage", "static", "view_vids", "_owner_of", "fixed_vids", "rows", "view_owners", "pinned", "released",
+                 "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_moving")
+
+    def __init__(self, sp: StoragePlan, view_vids: tuple[int, ...], fixed_vids: frozenset[int]):
+        self.storage = sp
+        #: (vid, kind, first_def, last_use, owns) of every value: the same for every step
+        self.static = [(vid, kind, sp.first_def.get(vid, -1), sp.last_use.get(vid, -1), kind in _OWNS)
+                       for vid, kind in sp.storage.items()]
+        #: the outputs of layout nodes: the only values whose owner a step may change
+        self.view_vids = view_vids
+        self._owner_of = _getter(list(view_vids))
+        #: the graph's initializers: their arrays never change
+        self.fixed_vids = fixed_vids
+        #: the rows last built in full (a later step's differ from them only in nbytes)
+        self.rows: tuple | None = None
+        self.view_owners: tuple | None = None  # the owners of `view_vids` when `rows` were built
+        self.pinned: set = set()
+        self.released: dict = {}
+        self.holding: tuple[int, ...] = ()  # row positions whose nbytes is read from the value
+        self.moving_at: tuple[int, ...] = ()  # positions in `holding` of values that may change
+        self.nbytes: list | None = None  # the holding values' nbytes at the last step
+        self.built_nbytes: list | None = None  # ... and when `rows` were built
+        self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
+        #: the moving values' arrays when `nbytes` was read (they are in the env too)
+        self.objects: tuple | None = None
+        self._moving: Any = None
+
+    def emit(self, rec: Any, env: list, owners: dict[int, int], buffers: dict[int, Any],
+             released: dict[int, int], pinned: set[int]) -> None:
+        """This step's rows into `rec`."""
+        rows = patch = None
+        if self.rows is not None and self.nbytes is not None and not released and not self.released \
+                and pinned == self.pinned and self._view_owners(owners) == self.view_owners:
+            nbytes = self.nbytes_now(env)
+            if nbytes is not None:
+                rows = self.rows
+                if nbytes is self.nbytes or nbytes == self.nbytes:
+                    nbytes, patch = self.nbytes, self.patch
+                elif nbytes != self.built_nbytes:
+                    patch = (self.holding, nbytes)
+                self.nbytes, self.patch = nbytes, patch
+        if rows is None:
+            rows = self.rows = self._build(env, owners, buffers, released, pinned)
+            self.view_owners = self._view_owners(owners)
+            self.pinned, self.released = set(pinned), dict(released)
+            self._set_holding(tuple(i for i, r in enumerate(rows) if r[1] in _OWNS), env)
+        rec.liveness(rows, patch)
+
+    def _view_owners(self, owners: dict[int, int]) -> tuple:
+        try:
+            return self._owner_of(owners)
+        except KeyError:  # a view value without an owner entry (views off): one by one
+            return tuple(map(owners.get, self.view_vids))
+
+    def _build(self, env: list, owners: dict[int, int], buffers: dict[int, Any],
+               released: dict[int, int], pinned: set[int]) -> tuple:
+        rows = []
+        append = rows.append
+        for vid, kind, first, lu, owns in self.static:
+            owner = owners.get(vid, vid)
+            if kind is VIEW and owner == vid:
+                kind, owns = OWNER, True  # the layout op had to copy
+            nbytes = 0
+            if owns:
+                value = env[vid]
+                if value is None:
+                    value = buffers.get(vid)
+                nbytes = getattr(value, "nbytes", 0)
+            append((vid, kind, owner, nbytes, first, lu, owner in pinned,
+                    released.get(owner, -1) if released else -1))
+        return tuple(rows)
+
+    def _set_holding(self, positions: tuple[int, ...], env: list) -> None:
+        self.holding = positions
+        vids = [self.static[i][0] for i in positions]
+        self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
+        self._moving = _getter([vids[i] for i in self.moving_at])
+        try:
+            self.nbytes = self.built_nbytes = list(map(_NBYTES, _getter(vids)(env)))
+        except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
+            self.nbytes = self.built_nbytes = None
+        self.objects = None
+        self.patch = None
+
+    def nbytes_now(self, env: list) -> list | None:
+        """nbytes of every holding value now (the very list of the last step where no
+        moving value changed); None when one has none (an absent value, whose row falls
+        back to its buffer, or a sequence): then rows are rebuilt."""
+        objects = self._moving(env)
+        last = self.objects
+        nbytes = self.nbytes
+        try:
+            if last is None:
+                nbytes = list(nbytes)
+                for i, obj in zip(self.moving_at, objects):
+                    nbytes[i] = obj.nbytes
+            else:
+                changed = list(itertools.compress(range(len(objects)), map(operator.is_not, objects, last)))
+                if changed:
+                    nbytes = list(nbytes)
+                    moving_at = self.moving_at
+                    for i in changed:
+                        nbytes[moving_at[i]] = objects[i].nbytes
+        except AttributeError:
+            return None
+        self.objects = objects
+        return nbytes
