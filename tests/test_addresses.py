@@ -70,7 +70,7 @@ def test_an_array_that_owns_its_bytes_and_a_view_are_found_where_they_are():
         view = big[step:step + 2]
         for a in (fresh, view, fresh, view):  # the second ask is served from the cache
             root = storage_root(a)
-            assert known.where(a) == (address(a), address(root), root.nbytes), step
+            assert known.where(a) == (address(a), a.nbytes, address(root), root.nbytes), step
         del fresh, view
         gc.collect()
 

@@ -240,11 +240,11 @@ def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
     for step in range(RUNS):
         known.next_step()
         a = first[step % 2:step % 2 + 2]
-        assert known.where(a) == (address(a), address(first), first.nbytes)
+        assert known.where(a) == (address(a), a.nbytes, address(first), first.nbytes)
         old = id(a)
         del a
         b = second[1:3]
         reused += id(b) == old
-        assert known.where(b) == (address(b), address(second), second.nbytes)
+        assert known.where(b) == (address(b), b.nbytes, address(second), second.nbytes)
         del b
     assert reused, "the id must come back at least once for this test to bite"

@@ -96,6 +96,8 @@ class Executor(DecodeMemoSteps):
         self._liveness: dict[str, LivenessRows] = {}
         #: what liveness rows need not re-read each step: all but layout nodes' outputs
         #: keep the storage plan's owner; initializers keep their arrays
+        #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
+        self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
         self._view_vids = tuple(o for p in self.plan.nodes if p.spec.produces_view for o in p.outputs if o >= 0)
         self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
 
@@ -477,17 +479,19 @@ class Executor(DecodeMemoSteps):
         """Where this step's caller-facing arrays live: every feed, bound output and graph
         output, with the buffer underneath (a KV past may be a view of a bigger cache),
         so reports can tell a cache that moved or was copied from one grown in place."""
-        rows = [(vid, "feed", feeds[vid]) for vid in feeds]
-        rows += [(vid, "bound_output", arr) for vid, arr in bound.items()]
-        rows += [(vid, "output", env[vid]) for vid in self.graph.outputs if vid not in bound]
         where = self.addresses.where
-        out = []
-        for vid, role, arr in rows:
-            if not hasattr(arr, "nbytes"):
-                continue
-            addr, base_addr, base_nbytes = where(arr)
-            out.append((vid, role, addr, int(arr.nbytes), base_addr, base_nbytes))
-        rec.add_rows("io_buffers", _IO_COLUMNS, out)
+        key = tuple(bound)
+        outputs = self._unbound_outputs.get(key)
+        if outputs is None:
+            outputs = self._unbound_outputs[key] = tuple(v for v in self.graph.outputs if v not in bound)
+        rows = []
+        append = rows.append
+        for role, items in (("feed", feeds.items()), ("bound_output", bound.items()),
+                            ("output", ((vid, env[vid]) for vid in outputs))):
+            for vid, arr in items:
+                if hasattr(arr, "nbytes"):
+                    append((vid, role, *where(arr)))
+        rec.add_rows("io_buffers", _IO_COLUMNS, rows)
 
     def output_for_caller(self, vid: int) -> Any:
         """Graph output `vid` of the last run as the caller gets it: a host copy, or the

@@ -39,24 +39,24 @@ class KnownAddresses:
         self._roots_last: dict[int, tuple] = {}
         self._roots_now: dict[int, tuple] = {}
 
-    def where(self, arr: Any) -> tuple[int, int, int]:
-        """(address, root address, root nbytes) of `arr` and of the array at the bottom
-        of its view chain (`storage_root`); the root is checked like `arr` itself."""
+    def where(self, arr: Any) -> tuple[int, int, int, int]:
+        """(address, nbytes, root address, root nbytes): where `arr` is and what it spans,
+        and the same of the array at the bottom of its view chain (`storage_root`); the
+        root is checked like `arr` itself."""
         key = id(arr)
         nbytes = arr.nbytes
         entry = self._roots_now.get(key) or self._roots_last.get(key)
         if entry is not None and entry[0]() is arr and entry[1] == nbytes:
-            root_ref = entry[2]  # None: arr is its own root
-            root = arr if root_ref is None else root_ref()
+            root = entry[2]()
             if root is not None and root.nbytes == entry[3]:
                 self._roots_now[key] = entry
                 return entry[4]
         root = storage_root(arr)
         if root is arr:  # owns its bytes (a fresh array): nothing under it to find again
             addr = address(arr)
-            return (addr, addr, int(nbytes))
+            return (addr, int(nbytes), addr, int(nbytes))
         root_nbytes = int(getattr(root, "nbytes", nbytes))
-        found = (address(arr), address(root), root_nbytes)
+        found = (address(arr), int(nbytes), address(root), root_nbytes)
         try:
             self._roots_now[key] = (weakref.ref(arr), nbytes, weakref.ref(root), root_nbytes, found)
         except TypeError:
