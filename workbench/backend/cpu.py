@@ -26,14 +26,7 @@ class CpuBackend:
     buffers_are_host = True
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        if dtype.hasobject:  # strings: no flat byte storage
-            return np.empty(shape, dtype=dtype)
-        count = 1
-        for d in shape:
-            count *= d
-        raw = np.empty(max(count * dtype.itemsize, 1), dtype=np.uint8)
-        return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
+        return np.empty(shape, dtype=dtype)
 
     def from_host(self, array: np.ndarray) -> np.ndarray:
         return array
