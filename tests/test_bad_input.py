@@ -66,6 +66,26 @@ def test_unknown_input(session):
         session.run(None, {"x": _ok(), "y": _ok(), "w": _ok()})
 
 
+def test_a_misspelt_input_is_named_as_unknown(session):
+    """One name wrong: the feed has the right count, one input missing and one unknown."""
+    with pytest.raises(InputError, match="unknown input 'yy'.*'x', 'y'"):
+        session.run(None, {"x": _ok(), "yy": _ok()})
+
+
+def test_feeds_that_need_converting_still_run(session):
+    """A list, a memmap-like subclass and a non-contiguous view are taken as onnxruntime
+    takes them; the checked fast path is only for plain arrays of the declared form."""
+    class Sub(np.ndarray):
+        pass
+
+    y0 = np.arange(8, dtype=np.float32).reshape(2, 4)
+    want = session.run(None, {"x": _ok(), "y": y0})
+    for y in (y0.tolist(), y0.view(Sub), np.repeat(y0, 2, axis=1)[:, ::2]):
+        got = session.run(None, {"x": _ok(), "y": y})
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_wrong_dtype(session):
     with pytest.raises(InputError, match=r"input 'y': expected dtype tensor\(float\).*got float64"):
         session.run(None, {"x": _ok(), "y": np.ones((2, 4))})

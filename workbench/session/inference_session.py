@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ class InferenceSession:
         self._inputs = [values[v] for v in self.graph.inputs]
         self._outputs = [values[v] for v in self.graph.outputs]
         self._input_ids = {v.name: v.id for v in self._inputs}
+        #: per input, what an array that needs no conversion looks like (`_check_inputs`)
+        self._input_forms = [_input_form(v) for v in self._inputs]
         self._output_ids = {v.name: v.id for v in self._outputs}
 
     # -- onnxruntime-shaped API ---------------------------------------------------------
@@ -149,21 +152,41 @@ class InferenceSession:
         return self.backend.to_host(value)
 
     def _check_inputs(self, input_feed: dict[str, Any]) -> dict[int, Any]:
+        """The feeds by value id, each checked (dtype, rank, fixed dims) and on the backend.
+
+        A decode step feeds dozens of caches: an array that is already a plain numpy
+        array of the declared dtype, rank and fixed dims is taken after one comparison
+        of each; anything else goes through `_check_one`, which converts or says why not."""
         if not isinstance(input_feed, dict):
             raise InputError(f"input_feed must be a dict of name -> array, got {type(input_feed).__name__}")
+        if len(input_feed) != len(self._inputs):
+            self._refuse_names(input_feed)
+        feeds: dict[int, Any] = {}
+        from_host = self.backend.from_host
+        for v, (dtype, ndim, fixed_at, fixed) in zip(self._inputs, self._input_forms):
+            arr = input_feed.get(v.name, _MISSING)
+            if type(arr) is np.ndarray and arr.dtype == dtype and arr.ndim == ndim \
+                    and (fixed_at is None or fixed_at(arr.shape) == fixed):
+                feeds[v.id] = from_host(arr)
+            elif arr is _MISSING:
+                self._refuse_names(input_feed)
+            else:
+                feeds[v.id] = self._check_one(v, arr)
+        return feeds
+
+    def _refuse_names(self, input_feed: dict[str, Any]) -> None:
+        """The InputError for a feed whose names are not the model's inputs: an unknown
+        name first (a misspelt one is missing too), else the first missing input."""
         unknown = [n for n in input_feed if n not in self._input_ids]
         if unknown:
             raise InputError(
                 f"unknown input {unknown[0]!r}; the model's inputs are {sorted(self._input_ids)}"
             )
-        feeds: dict[int, Any] = {}
         for v in self._inputs:
             if v.name not in input_feed:
                 raise InputError(
                     f"missing input {v.name!r} (expected {_describe(v)})"
                 )
-            feeds[v.id] = self._check_one(v, input_feed[v.name])
-        return feeds
 
     def _check_one(self, v: Value, arr: Any) -> Any:
         if v.kind != "tensor":
@@ -193,6 +216,22 @@ class InferenceSession:
                         f"got {got} (shape {tuple(arr.shape)})"
                     )
         return self.backend.from_host(arr)
+
+
+_MISSING = object()
+
+
+def _input_form(v: Value) -> tuple:
+    """(dtype, rank, getter of the fixed dims, their sizes) an input's array must have
+    to be taken as it is; a rank of -1 where the input is not a plain tensor of known
+    dtype and rank (then every array is checked in full)."""
+    if v.kind != "tensor" or v.dtype is None or v.dtype.hasobject or v.shape is None:
+        return (None, -1, None, None)
+    axes = [axis for axis, d in enumerate(v.shape) if isinstance(d, int)]
+    if not axes:
+        return (v.dtype, len(v.shape), None, None)
+    getter = operator.itemgetter(*axes)
+    return (v.dtype, len(v.shape), getter, getter(v.shape))
 
 
 def _shape_str(shape: tuple) -> str:
