@@ -8,7 +8,8 @@ from __future__ import annotations
 DECLINE_REASONS = {
     "capture_disabled": "capture is turned off for this session or backend",
     "host_fallback_kernel": "the node runs on the onnx.reference host fallback",
-    "host_read": "the kernel reads an input's values on the host",
+    "host_read": "the kernel reads an input's values on the host (unless they are validated "
+                 "shape-fold values, which a recording bakes in: see the capture event 'bake')",
     "data_dependent_shape": "the output shape depends on input values",
     "control_flow": "If/Loop/Scan: the subgraph to run is chosen on the host",
     "sequence_value": "a sequence, optional or map value has no fixed device buffer",

@@ -155,14 +155,27 @@ def describe_change(graph: Any, old: tuple, new: tuple, control_flow_outputs: se
     return "binding_changed", "input set changed"
 
 
+def reads_only_baked(p: Any, baked: frozenset[int] | set[int]) -> bool:
+    """Whether node `p` declines capture only for host reads, and every input it reads
+    on the host is a value the recording may bake (`baked`: proven the same at every
+    replay)."""
+    verdict = p.capture
+    if verdict.reason != "host_read" or not verdict.host_inputs:
+        return False
+    read = [p.inputs[i] for i in verdict.host_inputs if i < len(p.inputs) and p.inputs[i] >= 0]
+    return bool(read) and all(vid in baked for vid in read)
+
+
 def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set[int],
-                 quarantined: set[tuple[str, str]], values: list) -> CaptureDecline | None:
-    """Why plan node `p` cannot be captured this step, or None when it can."""
+                 quarantined: set[tuple[str, str]], values: list,
+                 baked: frozenset[int] | set[int] = frozenset()) -> CaptureDecline | None:
+    """Why plan node `p` cannot be captured this step, or None when it can. A node
+    whose only obstacle is reading `baked` values on the host can be."""
     k = p.index
     if (p.node.domain, p.node.op_type) in quarantined:
         return CaptureDecline(k, "quarantined_op", f"{p.node.op_type} broke a recording earlier")
     verdict = p.capture
-    if not verdict.supported:
+    if not verdict.supported and not reads_only_baked(p, baked):
         reason = verdict.reason if verdict.reason in DECLINE_REASONS else "kernel_declined"
         detail = verdict.detail if reason == verdict.reason else f"{verdict.reason}: {verdict.detail}"
         return CaptureDecline(k, reason, detail)

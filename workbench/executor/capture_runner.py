@@ -31,6 +31,7 @@ from .capture import (
     external_inputs,
     growing_symbols,
     node_decline,
+    reads_only_baked,
     segment_plan,
 )
 
@@ -94,11 +95,12 @@ class CaptureRunner:
         growing = self.growing(bound)
         values = ex.graph.values
         bound_ids = set(bound)
+        baked = frozenset(ex.baked_values())
         declines: dict[int, CaptureDecline] = {}
         for d in ex.state.dispatch:
             p = d.p
             preallocated = [o is not None for o in d.outs]
-            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values)
+            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked)
             if decline is not None:
                 declines[p.index] = decline
         cap.segments, cap.declines = segment_plan(ex.plan, declines, ex.options.min_segment_nodes)
@@ -124,7 +126,9 @@ class CaptureRunner:
                 self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
             return "eager"
         if not cap.installed:
-            if not cap.warm:
+            # a shape fold still to be checked would be trusted (baked) a step later:
+            # record then, so what its values feed can join captured segments
+            if not cap.warm or self.ex.shape_fold_pending():
                 run_nodes(range(len(self.ex.plan.nodes)))
                 cap.warm = True
                 if rec is not None:
@@ -139,6 +143,9 @@ class CaptureRunner:
         backend = ex.backend
         env = ex.env
         backend_graph = None
+        baked = ex.baked_values()
+        if rec is not None:
+            self._emit_baked(rec, slot, cap, baked)
         try:
             for seg in cap.segments:
                 if seg.kind == "eager":
@@ -149,7 +156,7 @@ class CaptureRunner:
                 t0 = time.perf_counter()
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
-                with recording_launches(label):
+                with recording_launches(label, {id(arr): (arr, host) for arr, host in baked.values()}):
                     run_nodes(seg.nodes, graph=graph)
                 graph = backend.end_capture(graph)
                 backend_graph = None
@@ -333,6 +340,22 @@ class CaptureRunner:
         # segments are made whole by `segment_plan` and replaced, never edited, afterwards
         self._segment_rows[key] = (cap.segments, rows, len(plan.nodes))
         rec.add_rows("capture_segments", SEGMENT_COLUMNS, rows)
+
+    def _emit_baked(self, rec: Any, slot: str, cap: SlotCapture, baked: dict[int, tuple]) -> None:
+        """A capture_events row for each captured node that reads baked values on the host."""
+        plan, values = self.ex.plan, self.ex.graph.values
+        for seg in cap.segments:
+            if seg.kind != "captured":
+                continue
+            for k in seg.nodes:
+                p = plan.nodes[k]
+                if not p.capture.supported and reads_only_baked(p, baked):
+                    read = [values[p.inputs[i]].name for i in p.capture.host_inputs
+                            if i < len(p.inputs) and p.inputs[i] >= 0]
+                    rec.add_row("capture_events", slot=slot, segment=seg.index, event="bake",
+                                reason=f"{p.node.op_type} ({p.node.name}) reads {', '.join(read)} on the host: "
+                                       "validated shape-fold values, the same at every replay, taken as constants",
+                                duration_s=0.0)
 
     def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
         plan = self.ex.plan

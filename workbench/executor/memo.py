@@ -219,6 +219,8 @@ class ShapeFold:
     #: value id -> a private copy of its value at the reference step
     values: dict[int, Any] = field(default_factory=dict)
     validated: bool = False
+    #: value id -> the same on the host (a recording that bakes a value reads this)
+    host: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -195,7 +195,8 @@ class DecodeMemoSteps:
             outputs = [o for k in nodes for o in self.plan.nodes[k].outputs if o >= 0]
             if nodes and all(self.env[o] is not None for o in outputs):
                 to_host, from_host = self.backend.to_host, self.backend.from_host
-                state.shape_fold = ShapeFold(nodes, {o: from_host(to_host(self.env[o])) for o in outputs})
+                host = {o: to_host(self.env[o]) for o in outputs}
+                state.shape_fold = ShapeFold(nodes, {o: from_host(h) for o, h in host.items()}, host=host)
             else:
                 state.shape_fold = None
         elif action == "replayed" and state.shape_fold is not None and not state.shape_fold.validated:
@@ -207,6 +208,21 @@ class DecodeMemoSteps:
                 state.shape_fold = None
         elif action != "replayed":
             state.shape_fold = None
+
+    def shape_fold_pending(self) -> bool:
+        """Whether a shape fold was found and awaits its check against the kernels."""
+        fold = self.state.shape_fold
+        return fold is not None and not fold.validated
+
+    def baked_values(self) -> dict[int, tuple[Any, Any]]:
+        """value id -> (array, host copy) of what a recording of this step may take as
+        constants: the validated shape-fold values this step reinstates. They are pure
+        functions of shapes that no memo replay changes, the very same arrays every
+        replay; a step that is not a replay retires every recording and the fold."""
+        fold = self.state.shape_fold
+        if fold is None or not fold.validated or not self._folded:
+            return {}
+        return {vid: (arr, fold.host[vid]) for vid, arr in fold.values.items()}
 
     def _reinstate_shape_values(self, p: PlanNode, fold: ShapeFold, env: list, rec: Any) -> None:
         for o in p.outputs:
@@ -281,12 +297,16 @@ class DecodeMemoSteps:
         keys = [(first, None) if source is None else
                 (first, address(source), source.shape, source.strides)]
         on_host = self.backend.buffers_are_host
+        fold = self.state.shape_fold
         for vid in runtime:
             value = env[vid]
             if value is None:
                 keys.append((vid, None))
                 continue
-            host = value if on_host else self.backend.to_host(value)  # part of the guard, not a kernel's read
+            if fold is not None and value is fold.values.get(vid):
+                host = fold.host[vid]  # the fold's private copy: its host twin (no device read, as while recording)
+            else:
+                host = value if on_host else self.backend.to_host(value)  # part of the guard, not a kernel's read
             keys.append((vid, host.shape, host.dtype.str, host.tobytes()))
         return tuple(keys)
 

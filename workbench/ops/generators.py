@@ -38,7 +38,7 @@ def _host_read_verdict(positions: tuple[int, ...], what: str) -> Callable[[NodeI
     def verdict(info: NodeInfo) -> CaptureVerdict:
         if all(p in info.constant_inputs or not _is_given(info, p) for p in positions):
             return CAPTURE_SUPPORTED
-        return declined("host_read", f"reads the {what} input's values on the host")
+        return declined("host_read", f"reads the {what} input's values on the host", positions)
 
     return verdict
 

@@ -64,7 +64,7 @@ def host_read_verdict(positions: tuple[int, ...], what: str) -> Callable[[NodeIn
     def verdict(info: NodeInfo) -> CaptureVerdict:
         if is_static(info, positions):
             return CAPTURE_SUPPORTED
-        return declined("host_read", f"reads the {what} input's values on the host")
+        return declined("host_read", f"reads the {what} input's values on the host", positions)
 
     return verdict
 

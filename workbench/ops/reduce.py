@@ -64,7 +64,7 @@ def _axes_from_values(values: Any, noop_with_empty_axes: bool) -> Any:
 
 def _axes_input_capture(info: NodeInfo) -> CaptureVerdict:
     if _has_input(info, 1) and 1 not in info.constant_inputs:
-        return declined("host_read", "reads the axes input's values on the host")
+        return declined("host_read", "reads the axes input's values on the host", (1,))
     return CAPTURE_SUPPORTED
 
 
@@ -253,7 +253,7 @@ def _build_topk(info: NodeInfo, k_static: int | None) -> KernelFn:
 
 def _k_input_capture(info: NodeInfo) -> CaptureVerdict:
     if 1 not in info.constant_inputs:
-        return declined("host_read", "reads the k input's value on the host")
+        return declined("host_read", "reads the k input's value on the host", (1,))
     return CAPTURE_SUPPORTED
 
 

@@ -40,13 +40,16 @@ class CaptureVerdict:
     supported: bool
     reason: str | None = None  # a reason code, e.g. "host_read", "data_dependent_shape"
     detail: str = ""
+    #: for "host_read": the input positions whose values the kernel reads on the host
+    #: (a recording may take those values as constants where they are proven so)
+    host_inputs: tuple[int, ...] = ()
 
 
 CAPTURE_SUPPORTED = CaptureVerdict(True)
 
 
-def declined(reason: str, detail: str) -> CaptureVerdict:
-    return CaptureVerdict(False, reason, detail)
+def declined(reason: str, detail: str, host_inputs: tuple[int, ...] = ()) -> CaptureVerdict:
+    return CaptureVerdict(False, reason, detail, host_inputs)
 
 
 @dataclass
@@ -194,6 +197,7 @@ class CaptureViolation(RuntimeError):
 
 
 _capturing: list[str] = []  # node labels currently being recorded (a stack)
+_baked: list[dict[int, tuple[Any, Any]]] = []  # the arrays each of those recordings may bake
 
 
 def host_read(array: Any) -> np.ndarray:
@@ -201,9 +205,14 @@ def host_read(array: Any) -> np.ndarray:
 
     While a device graph is being recorded a host read cannot be captured (the
     value would be baked in), so it raises `CaptureViolation`; the executor then
-    quarantines the op type and re-plans.
+    quarantines the op type and re-plans. The one exception is an array the
+    recording was handed as baked (`recording_launches`): a value proven the same
+    for every replay, whose host copy is returned without touching the device.
     """
     if _capturing:
+        baked = _baked[-1].get(id(array))
+        if baked is not None and baked[0] is array:
+            return baked[1]
         raise CaptureViolation(f"host read of a {getattr(array, 'shape', '?')} value while capturing "
                                f"{_capturing[-1]}")
     get = getattr(array, "get", None)  # CuPy arrays copy to the host with .get()
@@ -222,16 +231,23 @@ def numpy_first_int(array: np.ndarray) -> int:
 
 
 class recording_launches:
-    """Context manager marking that kernel launches are being recorded for `label`."""
+    """Context manager marking that kernel launches are being recorded for `label`.
 
-    def __init__(self, label: str):
+    `baked` (id -> (array, its host copy)): arrays whose values the recording may take
+    as constants, because whoever records proved them the same at every replay; a
+    host read of one returns its host copy (see `host_read`)."""
+
+    def __init__(self, label: str, baked: dict[int, tuple[Any, Any]] | None = None):
         self.label = label
+        self.baked = baked or {}
 
     def __enter__(self) -> None:
         _capturing.append(self.label)
+        _baked.append(self.baked)
 
     def __exit__(self, *exc: Any) -> None:
         _capturing.pop()
+        _baked.pop()
 
 
 # --- small helpers kernel modules share -------------------------------------------

@@ -115,7 +115,7 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
         ev = f.optional("capture_events")
         if ev is not None:
             counts = ev["event"].value_counts()
-            for event in ("capture", "replay", "retire", "quarantine"):
+            for event in ("capture", "replay", "retire", "quarantine", "bake"):
                 add("capture", f"segment {event}s", int(counts.get(event, 0)))
         dec = f.optional("capture_declines")
         if dec is not None and len(dec):

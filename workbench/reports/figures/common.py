@@ -24,7 +24,7 @@ COLORS: dict[str, str] = {
     "primed": "#1f77b4", "rebuilt": "#ff7f0e", "ineligible": "#7f7f7f", "disabled": "#c7c7c7",
     "none": "#c7c7c7", "candidate": "#bcbd22", "validated": "#2ca02c", "latched": "#d62728",
     # capture events
-    "capture": "#2ca02c", "replay": "#17becf", "retire": "#d62728", "quarantine": "#8c564b",
+    "capture": "#2ca02c", "replay": "#17becf", "retire": "#d62728", "quarantine": "#8c564b", "bake": "#9467bd",
     # storage kinds
     "owner": "#1f77b4", "owner (pinned)": "#08306b", "view": "#2ca02c", "alias": "#9467bd",
     "input": "#7f7f7f", "initializer": "#c7c7c7",

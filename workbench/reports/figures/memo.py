@@ -16,7 +16,8 @@ LANE_COLORS: dict[str, dict[str, str]] = {
     "memo": {"primed": "#1f77b4", "rebuilt": "#ff7f0e", "replayed": "#aec7e8", "ineligible": "#7f7f7f",
              "disabled": "#c7c7c7"},
     "stage 2": {"none": "#dddddd", "candidate": "#bcbd22", "validated": "#e377c2", "latched": "#d62728"},
-    "capture": {"capture": "#2ca02c", "replay": "#17becf", "retire": "#8c564b", "quarantine": "#000000"},
+    "capture": {"capture": "#2ca02c", "replay": "#17becf", "retire": "#8c564b", "quarantine": "#000000",
+                "bake": "#9467bd"},
 }
 
 
