@@ -171,3 +171,32 @@ def test_capture_events_and_declines_survive_save_and_load(tmp_path):
         a, b = getattr(session.recording, frame)(), getattr(loaded, frame)()
         assert len(a) == len(b) and list(a.columns) == list(b.columns)
     assert np.isfinite(loaded.capture_events().duration_s).all()
+
+
+def test_a_replayed_launch_that_computes_out_of_place_still_lands_in_its_buffer():
+    """The CPU replay checks every launch's results against its output buffers in one
+    pass; a kernel that returned a fresh array (or wrote only some outputs in place)
+    is copied into the recorded buffers, eight replays with new input contents."""
+    from workbench.backend.cpu import CpuBackend, CpuGraph
+
+    backend = CpuBackend()
+    x = np.empty(4, np.float32)
+    first, second, kept = np.empty(4, np.float32), np.empty(4, np.float32), np.empty(4, np.float32)
+
+    def in_place(ins, outs):
+        np.negative(ins[0], out=outs[0])
+        return (outs[0],)
+
+    def half_fresh(ins, outs):  # output 0 in place, output 1 a fresh array
+        np.multiply(ins[0], 2, out=outs[0])
+        return (outs[0], ins[0] + 1)
+
+    graph = CpuGraph()
+    graph.launches = [(in_place, [x], [kept]), (half_fresh, [x], [first, second])]
+    rng = np.random.default_rng(0)
+    for run in range(8):
+        x[...] = rng.standard_normal(4)
+        backend.launch(graph)
+        np.testing.assert_array_equal(kept, -x, err_msg=f"run {run}")
+        np.testing.assert_array_equal(first, x * 2, err_msg=f"run {run}")
+        np.testing.assert_array_equal(second, x + 1, err_msg=f"run {run}")
