@@ -144,8 +144,6 @@ class CaptureRunner:
         env = ex.env
         backend_graph = None
         baked = ex.baked_values()
-        if rec is not None:
-            self._emit_baked(rec, slot, cap, baked)
         try:
             for seg in cap.segments:
                 if seg.kind == "eager":
@@ -189,6 +187,7 @@ class CaptureRunner:
                                        f"{type(error).__name__}: {error}")
         cap.captures += 1
         if rec is not None:
+            self._emit_baked(rec, slot, cap, baked)
             self._emit_segments(rec, slot, cap, "captured")
             self._emit_declines(rec, slot, cap)
         return "capture"
