@@ -1,6 +1,6 @@
 """Per-token decode latency: workbench vs onnxruntime, same model file, same loop, same run.
 
-Usage: python benchmarks/decode.py [--size small] [--tokens 32] [--repeats 3] [--model PATH] [--no-smollm2]
+Usage: python benchmarks/decode.py [--size small] [--tokens 32] [--repeats 5] [--model PATH] [--no-smollm2]
 
 One row per export idiom the project's builders make (workbench's own llama in both
 op flavours, onnxruntime-genai's builder layout with and without tied embeddings and
@@ -8,6 +8,11 @@ int4 weights, optimum's merged decoder, torch dynamo's opset-23 Attention), Smol
 (converted from its GGUF) with growing and with fixed KV (where capture replays), and
 any `--model`. The tied-embeddings row also runs with the load-time optimizer off,
 to show what constant folding of `Transpose(lm_head)` is worth.
+
+Each repeat decodes with workbench and then onnxruntime, back to back; the ratio is
+the median over repeats of that pair's ratio (with the lowest and highest in
+brackets), since a noisy machine slows a whole pair alike far more often than it
+slows one decode of it. The ms/tok columns are the medians of all decode steps.
 """
 
 from __future__ import annotations
@@ -28,27 +33,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", default="small")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="decodes per runtime, interleaved; the medians of their steps are compared")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="decode pairs (workbench, then onnxruntime); the pairs' ratios are summarised")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the real model (needs a download once)")
     parser.add_argument("--model", action="append", default=[], help="an exported decoder (.onnx) to add")
     args = parser.parse_args()
     print(f"greedy decode of {args.tokens} tokens after a {len(PROMPT)}-token prompt; built-ins at size {args.size}; "
-          f"median step of {args.repeats} interleaved decodes each")
-    print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'tokens':>10}")
+          f"{args.repeats} decode pairs each; ratio: median of the pairs' ratios [lowest, highest]")
+    print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'range':>14}{'tokens':>8}")
     for label, data, level, kv in _models(args):
         ours = workbench.InferenceSession(data, SessionOptions(graph_optimization_level=level))
         peer = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         steps: dict[str, list[float]] = {"ours": [], "peer": []}
+        ratios: list[float] = []
         tokens, mode = {}, ""
-        for _ in range(max(args.repeats, 1)):  # interleaved: a noisy neighbour slows both alike
+        for _ in range(max(args.repeats, 1)):  # pairs back to back: a noisy neighbour slows both alike
+            pair = {}
             for name, session in (("ours", ours), ("peer", peer)):
                 r = Generator(session).generate(PROMPT, args.tokens, kv=kv, progress=False, eos_token_id=-1)
-                steps[name] += r.step_times[2:]  # the prefill and the first (re-planning) step left out
+                got = r.step_times[2:]  # the prefill and the first (re-planning) step left out
+                steps[name] += got
+                pair[name] = statistics.median(got)
                 tokens[name], mode = r.tokens, mode or r.kv_mode
+            ratios.append(pair["ours"] / pair["peer"])
         a, b = statistics.median(steps["ours"]), statistics.median(steps["peer"])
         same = "same" if tokens["ours"] == tokens["peer"] else "DIFFER"
-        print(f"{label:<22}{mode:<9}{a * 1e3:>18.2f}{b * 1e3:>20.2f}{a / b:>8.2f}{same:>10}")
+        spread = f"[{min(ratios):.2f}, {max(ratios):.2f}]"
+        print(f"{label:<22}{mode:<9}{a * 1e3:>18.2f}{b * 1e3:>20.2f}{statistics.median(ratios):>8.2f}"
+              f"{spread:>14}{same:>8}")
 
 
 def _models(args):
