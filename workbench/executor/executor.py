@@ -96,10 +96,10 @@ class Executor(DecodeMemoSteps):
         self._liveness: dict[str, LivenessRows] = {}
         #: what liveness rows need not re-read each step: all but layout nodes' outputs
         #: keep the storage plan's owner; initializers keep their arrays
-        #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
-        self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
         self._view_vids = tuple(o for p in self.plan.nodes if p.spec.produces_view for o in p.outputs if o >= 0)
         self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
+        #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
+        self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
