@@ -88,9 +88,21 @@ def holds_now(container: Any, keys: Any) -> Any:
         key, = keys
         only = container[key]
         return lambda c: c[key] is only
-    get = operator.itemgetter(*keys)
+    get = items_at(keys)
     objects = get(container)
     return lambda c: same_objects(get(c), objects)
+
+
+def items_at(keys: Any) -> Any:
+    """A function giving a container's items at `keys` as a tuple (one C call for two
+    keys or more)."""
+    keys = tuple(keys)
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        key, = keys
+        return lambda c: (c[key],)
+    return lambda c: ()
 
 
 class SameArrays:

@@ -23,20 +23,11 @@ import itertools
 import operator
 from typing import Any
 
+from ..addresses import items_at
 from .storage import INITIALIZER, INPUT, OWNER, VIEW, StoragePlan
 
 _OWNS = frozenset({OWNER, INPUT, INITIALIZER})
 _NBYTES = operator.attrgetter("nbytes")
-
-
-def _getter(keys: list) -> Any:
-    """keys -> a function giving a container's items at `keys` as a tuple."""
-    if len(keys) > 1:
-        return operator.itemgetter(*keys)
-    if keys:
-        key = keys[0]
-        return lambda c: (c[key],)
-    return lambda c: ()
 
 
 class LivenessRows:
@@ -52,7 +43,7 @@ class LivenessRows:
                        for vid, kind in sp.storage.items()]
         #: the outputs of layout nodes: the only values whose owner a step may change
         self.view_vids = view_vids
-        self._owner_of = _getter(list(view_vids))
+        self._owner_of = items_at(list(view_vids))
         #: the graph's initializers: their arrays never change
         self.fixed_vids = fixed_vids
         #: the rows last built in full (a later step's differ from them only in nbytes)
@@ -118,9 +109,9 @@ class LivenessRows:
         self.holding = positions
         vids = [self.static[i][0] for i in positions]
         self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
-        self._moving = _getter([vids[i] for i in self.moving_at])
+        self._moving = items_at([vids[i] for i in self.moving_at])
         try:
-            self.nbytes = self.built_nbytes = list(map(_NBYTES, _getter(vids)(env)))
+            self.nbytes = self.built_nbytes = list(map(_NBYTES, items_at(vids)(env)))
         except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
             self.nbytes = self.built_nbytes = None
         self.objects = None

@@ -47,7 +47,7 @@ def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int
     fused projection gives), else None."""
     if key is None:
         return query.reshape(-1)[:q_hidden + kv_hidden]
-    base = query.base  # numpy keeps the owner of a view's memory here (a byte buffer, say)
+    base = query.base  # numpy keeps the owner of a view's memory here (the fused projection's buffer, say)
     if not isinstance(base, np.ndarray) or key.base is not base or not base.flags.c_contiguous:
         return None
     start = address(query) - address(base)  # in bytes
