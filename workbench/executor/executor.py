@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import AllocationError, KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
-from ..ops.registry import CaptureViolation, host_read
+from ..ops.registry import CaptureViolation, host_read, replay_kernel
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
 from .liveness_rows import LivenessRows
@@ -409,7 +409,8 @@ class Executor(DecodeMemoSteps):
             for j, arr in materialized or ():
                 slots[j] = arr
             if not d.view or any(o is not None for o in slots):
-                self.backend.record(graph, p.fn, ins, slots)
+                # every replay passes these very arrays: a kernel's checks of them are made once, here
+                self.backend.record(graph, replay_kernel(p.fn, ins, slots), ins, slots)
         if rec is not None and p.index in self.state.storage.in_place:
             slot, pos = self.state.storage.in_place[p.index]
             rec.alias(p.outputs[slot], p.inputs[pos], p.index)

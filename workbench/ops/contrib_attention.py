@@ -46,6 +46,7 @@ from .registry import (
     host_read,
     numpy_first_int,
     register,
+    with_replay_form,
 )
 
 # --- rotary embedding ---------------------------------------------------------------
@@ -841,7 +842,17 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 return results
         return general(inputs, outs)
 
-    return run
+    def replay_form(inputs: list, outs: list) -> Any:
+        """The prepared numpy call itself, for the arrays `decode_token` last kept its
+        setup for (a launch recorded right after that call passes the same ones)."""
+        kept = checked.kept_for(inputs, outs) if DECODE_FAST_PATH else None
+        if kept is None or not kept[1]:
+            return None
+        setup, plan = kept
+        present_shape, shared = setup[3], setup[4]
+        return lambda ins, outs_: plan.run(ins, outs_, present_shape, shared, local_window)
+
+    return with_replay_form(run, replay_form)
 
 
 # --- Attention (opset 23+) --------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..addresses import SameArrays
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 
 def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
@@ -134,7 +134,12 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
             results[3] = s if s is sum_out else emit(sum_out, s, sum_dtype)
         return results[:max(n_out, 1)]
 
-    return run
+    def replay_form(inputs: list, outs: list) -> Any:
+        """`one_row` on the arguments kept for these very arrays, if the last call kept any."""
+        plan = planned.kept_for(inputs, outs)
+        return None if plan is None else lambda ins, outs_: one_row(*plan)
+
+    return with_replay_form(run, replay_form)
 
 
 def _wanted(info: NodeInfo, index: int, outs: list) -> bool:

@@ -1,0 +1,97 @@
+"""Recorded launches call a kernel's replay form (issue 13): the kernel with its checks
+of the arrays made once, when the launch is recorded, since every replay passes the
+very same arrays. A mechanism like any other: it may change how the work is done,
+never a value. The graph runs eight times with inputs at stable addresses and new
+contents, each run checked against onnxruntime, and the test asserts that the
+captured replays really went through the replay forms."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+from oracles import ort_session as _ort
+from oracles import tensor as _tensor
+from test_decode_speed_paths import _gqa_decode_model
+
+import workbench
+from workbench import SessionOptions
+from workbench.ops.registry import replay_kernel
+
+RUNS = 8
+HEADS, HEAD = 6, 16
+WIDTH = HEADS * HEAD
+
+
+def _attention_then_skip_norm():
+    """x -> MatMul -> GroupQueryAttention (fixed shared cache) -> SkipSimplifiedLayerNormalization
+    with the residual fed by the caller, its sum read by a Mul after it (so the sum is
+    one of the executor's buffers, as a decoder's residual stream is)."""
+    model, kv_shape, hidden = _gqa_decode_model(heads=HEADS, head=HEAD)
+    g = model.graph
+    gamma = np.random.default_rng(3).uniform(0.5, 1.5, WIDTH).astype(np.float32)
+    g.initializer.append(numpy_helper.from_array(gamma, "gamma"))
+    g.node.append(helper.make_node("SkipSimplifiedLayerNormalization", ["attn", "residual", "gamma"],
+                                   ["normed", "", "", "residual_sum"], domain="com.microsoft", epsilon=1e-6))
+    g.node.append(helper.make_node("Mul", ["normed", "residual_sum"], ["mixed"]))
+    g.input.append(_tensor("residual", [1, 1, WIDTH]))
+    g.output.append(_tensor("mixed", [1, 1, WIDTH]))
+    return model, kv_shape, hidden
+
+
+def _recorded_launches(session) -> list:
+    graphs = session.executor.state.capture.graphs.values()
+    return [fn for captured in graphs for fn, _, _ in captured.graph.launches]
+
+
+def _node_fn(session, op_type):
+    return next(p.fn for p in session.executor.plan.nodes if p.node.op_type == op_type)
+
+
+def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
+    model, kv_shape, hidden = _attention_then_skip_norm()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(17)
+    feeds = {"x": np.empty((1, 1, hidden), np.float32), "residual": np.empty((1, 1, WIDTH), np.float32),
+             "past_key": np.zeros(kv_shape, np.float32), "past_value": np.zeros(kv_shape, np.float32),
+             "seqlens_k": np.empty((1,), np.int32), "total_sequence_length": np.empty((), np.int32)}
+    outputs = {"attn": np.empty((1, 1, WIDTH), np.float32), "mixed": np.empty((1, 1, WIDTH), np.float32),
+               "present_key": feeds["past_key"], "present_value": feeds["past_value"]}
+    binding = session.io_binding()
+    for name, arr in feeds.items():
+        binding.bind_input(name, arr)
+    for name, arr in outputs.items():
+        binding.bind_output(name, arr)
+    ref_key, ref_value = feeds["past_key"].copy(), feeds["past_value"].copy()
+    for run in range(RUNS):
+        feeds["x"][...] = rng.standard_normal((1, 1, hidden))
+        feeds["residual"][...] = rng.standard_normal((1, 1, WIDTH))
+        feeds["seqlens_k"][...] = 2 + run
+        feeds["total_sequence_length"][...] = 3 + run
+        ort_feeds = {n: a.copy() for n, a in feeds.items()}
+        ort_feeds["past_key"], ort_feeds["past_value"] = ref_key, ref_value
+        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, ort_feeds)))
+        session.run_with_iobinding(binding)
+        for name in ("attn", "mixed", "present_key", "present_value"):
+            np.testing.assert_allclose(outputs[name], want[name], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"run {run}: {name}")
+        ref_key, ref_value = want["present_key"], want["present_value"]
+    events = session.recording.capture_events()
+    assert (events.event == "replay").sum() >= RUNS - 4, "the captured replays must run for this to bite"
+    forms = {fn.__qualname__ for fn in _recorded_launches(session) if "replay_form" in fn.__qualname__}
+    assert any(q.startswith("build_group_query_attention") for q in forms), forms
+    assert any(q.startswith("_build_skip_norm") for q in forms), forms
+
+
+def test_a_kernel_offers_no_replay_form_for_arrays_it_has_not_settled():
+    """Other arrays than the ones the kernel last kept its checks for get the plain kernel."""
+    model, kv_shape, hidden = _attention_then_skip_norm()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False, capture=False))
+    session.run(None, {"x": np.ones((1, 1, hidden), np.float32), "residual": np.ones((1, 1, WIDTH), np.float32),
+                       "past_key": np.zeros(kv_shape, np.float32), "past_value": np.zeros(kv_shape, np.float32),
+                       "seqlens_k": np.array([1], np.int32), "total_sequence_length": np.array(2, np.int32)})
+    for op_type in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization"):
+        fn = _node_fn(session, op_type)
+        assert hasattr(fn, "replay_form"), op_type
+        strangers = [np.zeros(3, np.float32)] * 9, [None] * 4
+        assert replay_kernel(fn, *strangers) is fn, op_type
