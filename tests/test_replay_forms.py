@@ -25,7 +25,8 @@ WIDTH = HEADS * HEAD
 def _attention_then_skip_norm():
     """x -> MatMul -> GroupQueryAttention (fixed shared cache) -> SkipSimplifiedLayerNormalization
     with the residual fed by the caller, its sum read by a Mul after it (so the sum is
-    one of the executor's buffers, as a decoder's residual stream is)."""
+    one of the executor's buffers, as a decoder's residual stream is) -> QuickGelu (the
+    SiLU fusion's op) -> Add."""
     model, kv_shape, hidden = _gqa_decode_model(heads=HEADS, head=HEAD)
     g = model.graph
     gamma = np.random.default_rng(3).uniform(0.5, 1.5, WIDTH).astype(np.float32)
@@ -33,8 +34,10 @@ def _attention_then_skip_norm():
     g.node.append(helper.make_node("SkipSimplifiedLayerNormalization", ["attn", "residual", "gamma"],
                                    ["normed", "", "", "residual_sum"], domain="com.microsoft", epsilon=1e-6))
     g.node.append(helper.make_node("Mul", ["normed", "residual_sum"], ["mixed"]))
+    g.node.append(helper.make_node("QuickGelu", ["mixed"], ["gated"], domain="com.microsoft", alpha=1.0))
+    g.node.append(helper.make_node("Add", ["gated", "residual_sum"], ["out"]))
     g.input.append(_tensor("residual", [1, 1, WIDTH]))
-    g.output.append(_tensor("mixed", [1, 1, WIDTH]))
+    g.output.append(_tensor("out", [1, 1, WIDTH]))
     return model, kv_shape, hidden
 
 
@@ -55,7 +58,7 @@ def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
     feeds = {"x": np.empty((1, 1, hidden), np.float32), "residual": np.empty((1, 1, WIDTH), np.float32),
              "past_key": np.zeros(kv_shape, np.float32), "past_value": np.zeros(kv_shape, np.float32),
              "seqlens_k": np.empty((1,), np.int32), "total_sequence_length": np.empty((), np.int32)}
-    outputs = {"attn": np.empty((1, 1, WIDTH), np.float32), "mixed": np.empty((1, 1, WIDTH), np.float32),
+    outputs = {"attn": np.empty((1, 1, WIDTH), np.float32), "out": np.empty((1, 1, WIDTH), np.float32),
                "present_key": feeds["past_key"], "present_value": feeds["past_value"]}
     binding = session.io_binding()
     for name, arr in feeds.items():
@@ -72,7 +75,7 @@ def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
         ort_feeds["past_key"], ort_feeds["past_value"] = ref_key, ref_value
         want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, ort_feeds)))
         session.run_with_iobinding(binding)
-        for name in ("attn", "mixed", "present_key", "present_value"):
+        for name in ("attn", "out", "present_key", "present_value"):
             np.testing.assert_allclose(outputs[name], want[name], rtol=1e-5, atol=1e-5,
                                        err_msg=f"run {run}: {name}")
         ref_key, ref_value = want["present_key"], want["present_value"]
@@ -81,6 +84,7 @@ def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
     forms = {fn.__qualname__ for fn in _recorded_launches(session) if "replay_form" in fn.__qualname__}
     assert any(q.startswith("build_group_query_attention") for q in forms), forms
     assert any(q.startswith("_build_skip_norm") for q in forms), forms
+    assert any(q.startswith("build_quick_gelu") for q in forms), forms
 
 
 def test_a_kernel_offers_no_replay_form_for_arrays_it_has_not_settled():
@@ -90,8 +94,8 @@ def test_a_kernel_offers_no_replay_form_for_arrays_it_has_not_settled():
     session.run(None, {"x": np.ones((1, 1, hidden), np.float32), "residual": np.ones((1, 1, WIDTH), np.float32),
                        "past_key": np.zeros(kv_shape, np.float32), "past_value": np.zeros(kv_shape, np.float32),
                        "seqlens_k": np.array([1], np.int32), "total_sequence_length": np.array(2, np.int32)})
-    for op_type in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization"):
+    for op_type in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization", "QuickGelu"):
         fn = _node_fn(session, op_type)
         assert hasattr(fn, "replay_form"), op_type
-        strangers = [np.zeros(3, np.float32)] * 9, [None] * 4
+        strangers = [np.zeros(3, np.float32)] * 9, [None] * 4  # QuickGelu: no output buffer
         assert replay_kernel(fn, *strangers) is fn, op_type

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 MS_DOMAIN = "com.microsoft"
 
@@ -155,18 +155,21 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
     dtype = out_dtype(info)
     alpha = float(info.attr("alpha", 1.702))
 
+    def in_place(x: Any, out: Any, minus_alpha: Any, one: Any) -> tuple:
+        """x / (1 + exp(-alpha x)), in four passes over one buffer (the load-time SiLU
+        fusion's kernel: it must cost less than the Sigmoid and Mul it replaces).
+        exp overflows to inf for very negative alpha x, giving x / inf = 0."""
+        xp.multiply(x, minus_alpha, out=out)
+        xp.exp(out, out=out)
+        xp.add(out, one, out=out)
+        return (xp.divide(x, out, out=out),)
+
     def run(inputs: list, outs: list) -> tuple:
         x = inputs[0]
         ct = compute_dtype(x.dtype)
         if x.dtype == ct and dtype == ct:
-            # x / (1 + exp(-alpha x)), in four passes over one buffer (the load-time SiLU
-            # fusion's kernel: it must cost less than the Sigmoid and Mul it replaces).
-            # exp overflows to inf for very negative alpha x, giving x / inf = 0.
             out = outs[0] if outs[0] is not None else xp.empty(x.shape, ct)
-            xp.multiply(x, ct.type(-alpha), out=out)
-            xp.exp(out, out=out)
-            out += ct.type(1.0)
-            return (xp.divide(x, out, out=out),)
+            return in_place(x, out, ct.type(-alpha), ct.type(1.0))
         v = x.astype(ct)
         z = ct.type(alpha) * v
         # a sigmoid that does not overflow for large |z|
@@ -174,7 +177,16 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
         sig = xp.where(z >= 0, ct.type(1.0) / (ct.type(1.0) + e), e / (ct.type(1.0) + e))
         return (emit(outs[0], v * sig, dtype),)
 
-    return run
+    def replay_form(inputs: list, outs: list) -> Any:
+        """The four passes on these arrays, where the output is preallocated in x's dtype."""
+        x, out = inputs[0], outs[0]
+        ct = compute_dtype(x.dtype)
+        if out is None or x.dtype != ct or dtype != ct:
+            return None
+        minus_alpha, one = ct.type(-alpha), ct.type(1.0)
+        return lambda ins, outs_: in_place(x, out, minus_alpha, one)
+
+    return with_replay_form(run, replay_form)
 
 
 # Registering the other contrib families (they import the helpers above).
