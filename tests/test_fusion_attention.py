@@ -140,7 +140,9 @@ def _differential(model, *, batch=1, seed=0):
         got = session.run(None, buffers)
         for g, w, name in zip(got, want, names, strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape, f"run {run}: {name}"
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {name}")
+            # run r scales the inputs by 1 + r, and float32 rounding of the score and
+            # weighted sums with them (BLAS kernels differ by CPU: seen on an AMD Zen 5)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * (1 + run), err_msg=f"run {run}: {name}")
     return session
 
 
