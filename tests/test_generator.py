@@ -45,6 +45,36 @@ def test_decode_64_tokens_token_exact_vs_onnxruntime(name, kv, prompt):
     assert got.shared_buffer == (kv == "fixed" and "genai" in name or kv == "fixed" and "phi3" in name)
 
 
+def test_onnxruntime_loop_keeps_its_binding_and_matches_its_unbound_run():
+    """The peer's fixed-KV loop binds its caches once per generation, not every step,
+    and copies back only the logits; across two generations on one session (new
+    caches, a prefill of another length) it still decodes what onnxruntime's plain
+    `run` (growing KV, no binding) does, logit for logit."""
+    from workbench.decode import runners
+
+    _, peer = _sessions("llama-genai")
+    calls = {"bind_output": 0}
+    for prompt in (SHORT_PROMPT, LONG_PROMPT):
+        fixed = Generator(peer).generate(prompt, 12, kv="fixed", progress=False, return_logits=True,
+                                         eos_token_id=-1)
+        kept = runners._ORT_BINDINGS[peer].binding
+        if not calls["bind_output"]:
+            real = kept.bind_output
+
+            def counting(*args, _real=real, **kwargs):
+                calls["bind_output"] += 1
+                return _real(*args, **kwargs)
+            kept.bind_output = counting
+        plain = Generator(peer).generate(prompt, 12, kv="growing", progress=False, return_logits=True,
+                                         eos_token_id=-1)
+        assert fixed.shared_buffer and fixed.tokens == plain.tokens
+        for step, (a, b) in enumerate(zip(fixed.logits, plain.logits)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+    # the second generation: its caches bound once (two per layer), the logits once a step
+    layers = sum(1 for i in peer.get_inputs() if i.name.startswith("past_key_values") and i.name.endswith("key"))
+    assert calls["bind_output"] == 2 * layers + 12
+
+
 def test_auto_kv_uses_the_shared_buffer_for_group_query_attention():
     ours, _ = _sessions("llama-genai")
     result = Generator(ours).generate(SHORT_PROMPT, 4, progress=False)
