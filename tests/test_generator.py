@@ -57,7 +57,7 @@ def test_onnxruntime_loop_keeps_its_binding_and_matches_its_unbound_run():
     for prompt in (SHORT_PROMPT, LONG_PROMPT):
         fixed = Generator(peer).generate(prompt, 12, kv="fixed", progress=False, return_logits=True,
                                          eos_token_id=-1)
-        kept = runners._ORT_BINDINGS[peer].binding
+        kept = runners._BINDINGS[peer].binding
         if not calls["bind_output"]:
             real = kept.bind_output
 

@@ -28,57 +28,57 @@ def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str
         if ours:
             return dict(zip(wanted, session.run(wanted, feeds, run_options)))
         return dict(zip(wanted, session.run(wanted, feeds)))
-    if ours:
-        binding = session.io_binding()
-        for name, arr in feeds.items():
-            binding.bind_input(name, arr)
-        for name, arr in bound_outputs.items():
-            binding.bind_output(name, arr)
-        for name in wanted:
-            binding.bind_output(name)
-        session.run_with_iobinding(binding, run_options)
-        return dict(zip(binding.outputs, binding.get_outputs()))
-    return _run_onnxruntime_bound(session, feeds, bound_outputs, wanted)
-
-
-def _run_onnxruntime_bound(session: Any, feeds, bound_outputs, wanted) -> dict[str, np.ndarray]:
-    kept = _ORT_BINDINGS.get(session)
+    kept = _BINDINGS.get(session)
     if kept is None:
-        kept = _ORT_BINDINGS[session] = _KeptOrtBinding(session)
-    return kept.run(session, feeds, bound_outputs, wanted)
+        kept = _BINDINGS[session] = _KeptBinding(session, ours)
+    return kept.run(session, feeds, bound_outputs, wanted, run_options if ours else None)
 
 
-class _KeptOrtBinding:
-    """One onnxruntime session's IOBinding, kept from step to step, as a decode loop
-    written for onnxruntime keeps it: an input or output is bound again only when its
-    array is not the one bound last time, and only the wanted outputs are copied back.
-    Binding a fixed-KV step's sixty caches afresh and copying every output back,
-    the bound caches included, cost onnxruntime about 1.5 ms a SmolLM2 token: the
-    benchmarks' peer would have been slowed by this loop, not by itself.
+class _KeptBinding:
+    """One session's IOBinding, kept from step to step, as a decode loop written for
+    onnxruntime keeps it: an input or output is bound again only when its array is
+    not the one bound last time, and only the wanted outputs come back. Binding a
+    fixed-KV step's sixty caches afresh and copying every output back, the bound
+    caches included, cost onnxruntime about 1.5 ms a SmolLM2 token: the benchmarks'
+    peer would have been slowed by this loop, not by itself. Both runtimes get the
+    same loop; only the binding calls differ.
 
     The arrays bound are held here, so an array that is the one bound (same object,
     same shape) is the same memory; its new contents are what the next run reads."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, ours: bool) -> None:
         self.binding = session.io_binding()
+        self.ours = ours
         self.inputs: dict[str, np.ndarray] = {}
         self.outputs: tuple = ()  # ((name, array or None), ...) in the order bound
 
-    def run(self, session: Any, feeds, bound_outputs, wanted) -> dict[str, np.ndarray]:
-        binding = self.binding
+    def run(self, session: Any, feeds, bound_outputs, wanted, run_options: Any) -> dict[str, np.ndarray]:
+        binding, ours = self.binding, self.ours
         for name, arr in feeds.items():
-            arr = np.ascontiguousarray(arr)
+            if not ours:
+                arr = np.ascontiguousarray(arr)
             held = self.inputs.get(name)
             if held is not arr or held.shape != arr.shape:
-                binding.bind_cpu_input(name, arr)
+                if ours:
+                    binding.bind_input(name, arr)
+                else:
+                    binding.bind_cpu_input(name, arr)
                 self.inputs[name] = arr
         outputs = tuple(bound_outputs.items()) + tuple((name, None) for name in wanted)
         if not _same_outputs(outputs, self.outputs):
             binding.clear_binding_outputs()
             for name, arr in bound_outputs.items():
-                # present and past share this memory: onnxruntime writes the KV cache in place
-                binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+                if ours:
+                    binding.bind_output(name, arr)
+                else:  # present and past share this memory: onnxruntime writes the KV cache in place
+                    binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+            if ours:
+                for name in wanted:
+                    binding.bind_output(name)
             self.outputs = outputs
+        if ours:
+            session.run_with_iobinding(binding, run_options)
+            return dict(zip(binding.outputs, binding.get_outputs()))
         for name in wanted:
             # unallocated again every run: onnxruntime would otherwise reuse the buffer it
             # allocated last run as a preallocated output, of last run's shape
@@ -95,8 +95,8 @@ def _same_outputs(now: tuple, then: tuple) -> bool:
         n == m and a is b and (a is None or a.shape == b.shape) for (n, a), (m, b) in zip(now, then))
 
 
-#: onnxruntime session -> its kept binding (gone with the session)
-_ORT_BINDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: session -> its kept binding (gone with the session)
+_BINDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def model_proto(session: Any) -> Any:
