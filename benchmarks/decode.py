@@ -9,7 +9,8 @@ int4 weights, optimum's merged decoder, torch dynamo's opset-23 Attention), Smol
 any `--model`. The tied-embeddings row also runs with the load-time optimizer off,
 to show what constant folding of `Transpose(lm_head)` is worth.
 
-Each repeat decodes with workbench and then onnxruntime, back to back; the ratio is
+Each repeat decodes with workbench and onnxruntime back to back (which goes first
+alternates from pair to pair); the ratio is
 the median over repeats of that pair's ratio (with the lowest and highest in
 brackets), since a noisy machine slows a whole pair alike far more often than it
 slows one decode of it. The ms/tok columns are the medians of all decode steps.
@@ -47,9 +48,10 @@ def main() -> None:
         steps: dict[str, list[float]] = {"ours": [], "peer": []}
         ratios: list[float] = []
         tokens, mode = {}, ""
-        for _ in range(max(args.repeats, 1)):  # pairs back to back: a noisy neighbour slows both alike
+        for repeat in range(max(args.repeats, 1)):  # pairs back to back: a noisy neighbour slows both alike
             pair = {}
-            for name, session in (("ours", ours), ("peer", peer)):
+            order = (("ours", ours), ("peer", peer))
+            for name, session in order if repeat % 2 == 0 else order[::-1]:  # who goes first alternates
                 r = Generator(session).generate(PROMPT, args.tokens, kv=kv, progress=False, eos_token_id=-1)
                 got = r.step_times[2:]  # the prefill and the first (re-planning) step left out
                 steps[name] += got
