@@ -1,6 +1,7 @@
 """Per-token decode latency: workbench vs onnxruntime, same model file, same loop, same run.
 
-Usage: python benchmarks/decode.py [--size small] [--tokens 32] [--repeats 5] [--model PATH] [--no-smollm2]
+Usage: python benchmarks/decode.py [--size small] [--tokens 32] [--repeats 5] [--model PATH]
+       [--no-smollm2 | --smollm2-only]
 
 One row per export idiom the project's builders make (workbench's own llama in both
 op flavours, onnxruntime-genai's builder layout with and without tied embeddings and
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="decode pairs (workbench, then onnxruntime); the pairs' ratios are summarised")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the real model (needs a download once)")
+    parser.add_argument("--smollm2-only", action="store_true", help="only the real model's two rows")
     parser.add_argument("--model", action="append", default=[], help="an exported decoder (.onnx) to add")
     args = parser.parse_args()
     print(f"greedy decode of {args.tokens} tokens after a {len(PROMPT)}-token prompt; built-ins at size {args.size}; "
@@ -66,6 +68,21 @@ def main() -> None:
 
 
 def _models(args):
+    if not args.smollm2_only:
+        yield from _small_models(args)
+    if args.no_smollm2:
+        return
+    try:
+        path, _ = models.smollm2()
+    except WorkbenchError as e:
+        print(f"(SmolLM2 skipped: {e})")
+        return
+    # converted from the GGUF; growing KV, then the fixed KV buffer the capture replays
+    yield "SmolLM2-135M fp32", str(path), "all", "growing"
+    yield "SmolLM2-135M fp32", str(path), "all", "fixed"
+
+
+def _small_models(args):
     size = args.size
     yield "llama (onnx ops)", models.llama(size, flavor="onnx").SerializeToString(), "all", "auto"
     yield "llama (genai ops)", models.llama(size, flavor="genai").SerializeToString(), "all", "auto"
@@ -79,16 +96,6 @@ def _models(args):
                                               ).SerializeToString(), "all", "auto"
     for path in args.model:
         yield path[-22:], path, "all", "auto"
-    if args.no_smollm2:
-        return
-    try:
-        path, _ = models.smollm2()
-    except WorkbenchError as e:
-        print(f"(SmolLM2 skipped: {e})")
-        return
-    # converted from the GGUF; growing KV, then the fixed KV buffer the capture replays
-    yield "SmolLM2-135M fp32", str(path), "all", "growing"
-    yield "SmolLM2-135M fp32", str(path), "all", "fixed"
 
 
 if __name__ == "__main__":
