@@ -30,7 +30,7 @@ def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str
         return dict(zip(wanted, session.run(wanted, feeds)))
     kept = _BINDINGS.get(session)
     if kept is None:
-        kept = _BINDINGS[session] = _KeptBinding(session, ours)
+        kept = _BINDINGS[session] = (_WorkbenchBinding if ours else _OnnxruntimeBinding)(session)
     return kept.run(session, feeds, bound_outputs, wanted, run_options if ours else None)
 
 
@@ -41,50 +41,68 @@ class _KeptBinding:
     fixed-KV step's sixty caches afresh and copying every output back, the bound
     caches included, cost onnxruntime about 1.5 ms a SmolLM2 token: the benchmarks'
     peer would have been slowed by this loop, not by itself. Both runtimes get the
-    same loop; only the binding calls differ.
+    same loop; only the binding calls (the subclasses) differ.
 
     The arrays bound are held here, so an array that is the one bound (same object,
     same shape) is the same memory; its new contents are what the next run reads."""
 
-    def __init__(self, session: Any, ours: bool) -> None:
+    def __init__(self, session: Any) -> None:
         self.binding = session.io_binding()
-        self.ours = ours
         self.inputs: dict[str, np.ndarray] = {}
         self.outputs: tuple = ()  # ((name, array or None), ...) in the order bound
 
     def run(self, session: Any, feeds, bound_outputs, wanted, run_options: Any) -> dict[str, np.ndarray]:
-        binding, ours = self.binding, self.ours
         for name, arr in feeds.items():
-            if not ours:
-                arr = np.ascontiguousarray(arr)
+            arr = self._bindable(arr)
             held = self.inputs.get(name)
             if held is not arr or held.shape != arr.shape:
-                if ours:
-                    binding.bind_input(name, arr)
-                else:
-                    binding.bind_cpu_input(name, arr)
+                self._bind_input(name, arr)
                 self.inputs[name] = arr
         outputs = tuple(bound_outputs.items()) + tuple((name, None) for name in wanted)
         if not _same_outputs(outputs, self.outputs):
-            binding.clear_binding_outputs()
-            for name, arr in bound_outputs.items():
-                if ours:
-                    binding.bind_output(name, arr)
-                else:  # present and past share this memory: onnxruntime writes the KV cache in place
-                    binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-            if ours:
-                for name in wanted:
-                    binding.bind_output(name)
+            self.binding.clear_binding_outputs()
+            self._bind_outputs(bound_outputs, wanted)
             self.outputs = outputs
-        if ours:
-            session.run_with_iobinding(binding, run_options)
-            return dict(zip(binding.outputs, binding.get_outputs()))
+        return self._run(session, bound_outputs, wanted, run_options)
+
+
+class _WorkbenchBinding(_KeptBinding):
+    @staticmethod
+    def _bindable(arr: Any) -> Any:
+        return arr
+
+    def _bind_input(self, name: str, arr: Any) -> None:
+        self.binding.bind_input(name, arr)
+
+    def _bind_outputs(self, bound_outputs: dict, wanted: list[str]) -> None:
+        for name, arr in bound_outputs.items():
+            self.binding.bind_output(name, arr)
+        for name in wanted:
+            self.binding.bind_output(name)
+
+    def _run(self, session: Any, bound_outputs: dict, wanted: list[str], run_options: Any) -> dict:
+        session.run_with_iobinding(self.binding, run_options)
+        return dict(zip(self.binding.outputs, self.binding.get_outputs()))
+
+
+class _OnnxruntimeBinding(_KeptBinding):
+    _bindable = staticmethod(np.ascontiguousarray)
+
+    def _bind_input(self, name: str, arr: Any) -> None:
+        self.binding.bind_cpu_input(name, arr)
+
+    def _bind_outputs(self, bound_outputs: dict, wanted: list[str]) -> None:
+        for name, arr in bound_outputs.items():
+            # present and past share this memory: onnxruntime writes the KV cache in place
+            self.binding.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+
+    def _run(self, session: Any, bound_outputs: dict, wanted: list[str], run_options: Any) -> dict:
         for name in wanted:
             # unallocated again every run: onnxruntime would otherwise reuse the buffer it
             # allocated last run as a preallocated output, of last run's shape
-            binding.bind_output(name, "cpu")
-        session.run_with_iobinding(binding)
-        results = binding.get_outputs()
+            self.binding.bind_output(name, "cpu")
+        session.run_with_iobinding(self.binding)
+        results = self.binding.get_outputs()
         first = len(bound_outputs)
         return {name: results[first + i].numpy() for i, name in enumerate(wanted)}
 
