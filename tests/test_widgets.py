@@ -777,3 +777,58 @@ def test_plan_view_says_when_rewrites_kept_every_node(monkeypatch):
     assert "0 nodes folded / fused / removed at load" in text and "no node of the loaded graph was removed" in text
     assert f"({len(rw)} nodes kept, their weights rewritten)" in text
     assert view.children.index(view.rewrites) < view.children.index(view.table)
+
+
+def test_a_step_change_updates_each_figure_in_place(monkeypatch):
+    """`show_figure` is one restyle + relayout for a figure of the same traces: it
+    compared the traces' properties, and a FigureWidget's traces carry a `uid` a fresh
+    figure's lack, so every step change deleted and re-added every trace -- two full
+    plotly.js redraws per figure where one restyle is enough."""
+    import plotly.basewidget as base
+
+    from workbench.widgets import DecodeWorkbench
+
+    sent: list[str] = []
+    for kind in ("deleteTraces", "addTraces", "update"):
+        original = getattr(base.BaseFigureWidget, f"_send_{kind}_msg")
+
+        def spy(self, *args, _kind=kind, _original=original, **kwargs):
+            sent.append(_kind)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(base.BaseFigureWidget, f"_send_{kind}_msg", spy)
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    wb = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=8, eos_token_id=-1)
+    wb.wait(timeout=60)
+    steps = wb.cursor.steps  # the last two: capture replays at both, so the figures have the same traces
+    for tab in (0, 4, len(wb.views) + 1):  # Plan, Liveness, Diagnostics (its seam costs figure)
+        wb.tabs.selected_index = tab
+        if tab == len(wb.views) + 1:
+            wb.diagnostics.show("seam costs")
+        wb.select_step(steps[-2])
+        sent.clear()
+        wb.select_step(steps[-1])
+        if tab != len(wb.views) + 1:  # seam costs are the whole decode's: nothing changes there
+            assert "update" in sent, (tab, sent)  # the figures were redrawn for the new step ...
+        assert "deleteTraces" not in sent and "addTraces" not in sent, (tab, sent)  # ... in place
+
+
+def test_show_figure_keeps_the_leading_traces_that_match_and_replaces_only_the_rest():
+    import plotly.graph_objects as go
+
+    from workbench.widgets.figure import show_figure
+
+    def fig(n_traces: int, offset: int) -> go.Figure:
+        return go.Figure([go.Bar(x=[i, i + offset], y=[1, 2], name=f"t{i}") for i in range(n_traces)])
+
+    fw = go.FigureWidget()
+    show_figure(fw, fig(4, 1))
+    first = list(fw.data)
+    show_figure(fw, fig(2, 5))  # two fewer: the first two kept, restyled
+    assert len(fw.data) == 2 and all(a is b for a, b in zip(fw.data, first))
+    assert [list(t.x) for t in fw.data] == [[0, 5], [1, 6]]
+    show_figure(fw, fig(3, 7))
+    assert all(a is b for a, b in zip(fw.data[:2], first))
+    assert [list(t.x) for t in fw.data] == [[0, 7], [1, 8], [2, 9]]
+    show_figure(fw, go.Figure([go.Scatter(x=[1], y=[1])]))  # another type: replaced
+    assert len(fw.data) == 1 and fw.data[0].type == "scatter" and fw.data[0] is not first[0]

@@ -35,8 +35,9 @@ class FigureHolder(W.VBox):
 def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
     """Make `fw` show `fig`, in as few front-end redraws as possible.
 
-    Same traces as before (count, types, properties set): one batched restyle +
-    relayout, i.e. one redraw. Otherwise the traces are replaced. `on_click(customdata)`
+    Traces like the ones shown (same position, type and properties set) are restyled
+    in place, in one batched restyle + relayout: one redraw. Only the traces after the
+    first that differs are deleted or added (each a redraw of its own). `on_click(customdata)`
     is called with the clicked point's customdata (the plan index or step the figure
     put there).
     """
@@ -47,18 +48,22 @@ def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object]
         layout.pop("template", None)  # already there: do not resend it on every step
     new = [t.to_plotly_json() for t in fig.data]
     old = [t.to_plotly_json() for t in fw.data]
-    same_shape = len(old) == len(new) and all(
-        a.get("type") == b.get("type") and set(a) == set(b) for a, b in zip(old, new))
+    kept = 0  # leading traces of the same type and properties: restyled in place
+    for a, b in zip(old, new):
+        # a FigureWidget gives each of its traces a `uid`; a fresh figure's traces have none
+        if a.get("type") != b.get("type") or set(a) - {"uid"} != set(b) - {"uid"}:
+            break
+        kept += 1
     with fw.batch_update():
-        if same_shape:
-            for trace, data in zip(fw.data, new):
-                trace.update(data, overwrite=True)
-        else:
-            fw.data = ()
-            fw.add_traces(list(fig.data))
+        if kept < len(old):  # each deletion or addition is a full plotly.js redraw
+            fw.data = fw.data[:kept]
+        for trace, data in zip(fw.data, new):
+            trace.update(data, overwrite=True)
+        if kept < len(new):
+            fw.add_traces(list(fig.data[kept:]))
         fw.update_layout(layout, overwrite=True)
-    if on_click is not None and not same_shape:  # kept traces keep their (replaced) handler
-        for trace in fw.data:
+    if on_click is not None:  # kept traces keep their (replaced) handler
+        for trace in fw.data[kept:]:
             trace.on_click(_clicked(on_click))
 
 
