@@ -240,6 +240,7 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
             wb.locator(".wb-diagnostic-call button").get_by_text("seam costs", exact=True).click()
             expect(headline).to_contain_text("costliest", timeout=20_000)
             wb.locator(".wb-next").first.click()  # a step change reaches the open Diagnostics tab too
+            expect(label).to_contain_text(FINAL, timeout=20_000)  # the kernel has taken the step change
             wb.locator(".wb-diagnostic-call button").get_by_text("resident", exact=True).click()
             expect(headline).to_contain_text(f"step {step + 1}:", timeout=20_000)
 

@@ -832,3 +832,30 @@ def test_show_figure_keeps_the_leading_traces_that_match_and_replaces_only_the_r
     assert [list(t.x) for t in fw.data] == [[0, 7], [1, 8], [2, 9]]
     show_figure(fw, go.Figure([go.Scatter(x=[1], y=[1])]))  # another type: replaced
     assert len(fw.data) == 1 and fw.data[0].type == "scatter" and fw.data[0] is not first[0]
+
+
+def test_new_traces_are_drawn_against_their_own_layout(monkeypatch):
+    """Switching Diagnostics from capture coverage (x: one tick per step) to seam costs
+    (x: µs) added the new bars before the new layout: plotly.js drew them with a tick
+    label per µs, which blocked a real browser for tens of seconds (the browser test's
+    click timeouts). The traces now come after the layout."""
+    import plotly.basewidget as base
+
+    from workbench.widgets import DecodeWorkbench
+
+    dticks: list = []
+    original = base.BaseFigureWidget._send_addTraces_msg
+
+    def spy(self, *args, **kwargs):
+        dticks.append(self.layout.xaxis.dtick)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(base.BaseFigureWidget, "_send_addTraces_msg", spy)
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"))
+    wb = DecodeWorkbench(Generator(session), [3, 4, 5], max_new_tokens=5, eos_token_id=-1)
+    wb.wait(timeout=60)
+    wb.tabs.selected_index = len(wb.views) + 1
+    assert wb.diagnostics.call.value == "coverage" and wb.diagnostics.figure.widget.layout.xaxis.dtick == 1
+    dticks.clear()
+    wb.diagnostics.show("seam costs")
+    assert dticks == [None]  # the seam costs' bars came after their own (µs) axis

@@ -37,7 +37,8 @@ def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object]
 
     Traces like the ones shown (same position, type and properties set) are restyled
     in place, in one batched restyle + relayout: one redraw. Only the traces after the
-    first that differs are deleted or added (each a redraw of its own). `on_click(customdata)`
+    first that differs are deleted (before the relayout) or added (after it), each a
+    redraw of its own. `on_click(customdata)`
     is called with the clicked point's customdata (the plan index or step the figure
     put there).
     """
@@ -54,14 +55,17 @@ def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object]
         if a.get("type") != b.get("type") or set(a) - {"uid"} != set(b) - {"uid"}:
             break
         kept += 1
+    if kept < len(old):  # each deletion or addition is a full plotly.js redraw
+        fw.data = fw.data[:kept]
     with fw.batch_update():
-        if kept < len(old):  # each deletion or addition is a full plotly.js redraw
-            fw.data = fw.data[:kept]
         for trace, data in zip(fw.data, new):
             trace.update(data, overwrite=True)
-        if kept < len(new):
-            fw.add_traces(list(fig.data[kept:]))
         fw.update_layout(layout, overwrite=True)
+    # added only once the new layout is there: drawn against the last figure's axes
+    # (the coverage figure's one tick per step), the seam costs' bars of µs got a tick
+    # label per µs, and laying those out blocked the browser for tens of seconds
+    if kept < len(new):
+        fw.add_traces(list(fig.data[kept:]))
     if on_click is not None:  # kept traces keep their (replaced) handler
         for trace in fw.data[kept:]:
             trace.on_click(_clicked(on_click))
