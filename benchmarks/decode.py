@@ -15,13 +15,17 @@ alternates from pair to pair); the ratio is
 the median over repeats of that pair's ratio (with the lowest and highest in
 brackets), since a noisy machine slows a whole pair alike far more often than it
 slows one decode of it. The ms/tok columns are the medians of all decode steps.
+The first and last lines give the rate numpy streams weights at just then: on these
+shared machines it has been seen between 7 and 50 GB/s, and every row scales with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
+import numpy as np
 import onnxruntime as ort
 
 import workbench
@@ -43,6 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"greedy decode of {args.tokens} tokens after a {len(PROMPT)}-token prompt; built-ins at size {args.size}; "
           f"{args.repeats} decode pairs each; ratio: median of the pairs' ratios [lowest, highest]")
+    print(f"weight streaming now: {streaming_rate():.1f} GB/s (numpy matrix-vector products over 226 MB of "
+          "float32 weights: this machine's share of memory bandwidth, which sets every row's ms/tok)")
     print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'range':>14}{'tokens':>8}")
     for label, data, level, kv in _models(args):
         ours = workbench.InferenceSession(data, SessionOptions(graph_optimization_level=level))
@@ -65,6 +71,24 @@ def main() -> None:
         spread = f"[{min(ratios):.2f}, {max(ratios):.2f}]"
         print(f"{label:<22}{mode:<9}{a * 1e3:>18.2f}{b * 1e3:>20.2f}{statistics.median(ratios):>8.2f}"
               f"{spread:>14}{same:>8}")
+    print(f"weight streaming at the end: {streaming_rate():.1f} GB/s")
+
+
+def streaming_rate(count: int = 64) -> float:
+    """GB/s of a one-token decode's kind of work: a 1 x 576 row times `count` 576 x 1536
+    float32 weights (more than any cache holds), the best of three passes. A neighbour
+    taking memory bandwidth slows both runtimes' MatMuls alike, and the ratios with them
+    drift; this says how loaded the machine was."""
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((576, 1536), dtype=np.float32) for _ in range(count)]
+    x = rng.standard_normal((1, 576), dtype=np.float32)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for w in weights:
+            np.matmul(x, w)
+        best = min(best, time.perf_counter() - t)
+    return sum(w.nbytes for w in weights) / best / 1e9
 
 
 def _models(args):
