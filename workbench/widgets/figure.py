@@ -38,9 +38,8 @@ def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object]
     Traces like the ones shown (same position, type and properties set) are restyled
     in place, in one batched restyle + relayout: one redraw. Only the traces after the
     first that differs are deleted (before the relayout) or added (after it), each a
-    redraw of its own. `on_click(customdata)`
-    is called with the clicked point's customdata (the plan index or step the figure
-    put there).
+    redraw of its own. `on_click(customdata)` is called with the clicked point's
+    customdata (the plan index or step the figure put there).
     """
     layout = fig.layout.to_plotly_json()
     for key in ("shapes", "annotations"):
