@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--size", default="small")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5,
-                        help="decode pairs (workbench, then onnxruntime); the pairs' ratios are summarised")
+                        help="decode pairs (one decode each, the first alternating); the pairs' ratios are summarised")
     parser.add_argument("--no-smollm2", action="store_true", help="skip the real model (needs a download once)")
     parser.add_argument("--smollm2-only", action="store_true", help="only the real model's two rows")
     parser.add_argument("--model", action="append", default=[], help="an exported decoder (.onnx) to add")
