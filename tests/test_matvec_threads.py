@@ -7,6 +7,9 @@ decode of a SmolLM2-shaped llama."""
 
 from __future__ import annotations
 
+import mmap
+import sys
+
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
@@ -33,6 +36,24 @@ def test_which_weights_are_padded_and_to_what_width():
     assert matvec_threads.padded_width(576, 960) is None
     assert matvec_threads.padded_width(576, 400) is None, "would stream 2x the bytes for 2x bandwidth"
     assert matvec_threads.padded_width(64, 64) is None
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_zero_tail_costs_no_memory_when_read():
+    """The padding's zero columns are read every product: they must map the kernel's
+    shared zero page (in cache, resident nowhere), not zeroed memory of their own."""
+    before = _resident_bytes()
+    wide = matvec_threads.zero_tail_array((1024, 16384), np.float32, "F")  # 64 MiB
+    wide[:, :256] = 1.0  # the first 1 MiB, as a 1024 x 256 weight
+    assert wide.sum() == 1024 * 256 and not wide[:, 256:].any()  # every page read
+    grown = _resident_bytes() - before
+    assert grown < 8 << 20, f"reading 63 MiB of zero tail made {grown >> 20} MiB resident"
+    assert wide.flags.writeable and wide.flags.f_contiguous and wide.dtype == np.float32
 
 
 def test_no_padding_where_openblas_has_one_thread(monkeypatch):
@@ -73,6 +94,8 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     assert ops.count("Slice") == 2 and ops.count("MatMul") == 3
     wide = session.graph.initializers[session.graph.by_name[padded.result.iloc[0]]]
     assert wide.shape == (576, 801) and not wide[:, 576:].any() and wide.flags.f_contiguous
+    if hasattr(mmap, "MAP_PRIVATE"):
+        assert isinstance(wide.base, mmap.mmap), "the zero columns are a never-written tail of its own map"
     assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
         "576x960 is wide: OpenBLAS reads it faster as the file has it"
     runs = runs_on_one_buffer(session, ort_session(model), (1, rows, 576), RUNS, np.random.default_rng(9),
