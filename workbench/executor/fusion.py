@@ -37,6 +37,7 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
+from .huge_pages import new_weight
 from .matvec_threads import matvec_order
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -87,7 +88,7 @@ def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_
     # then leaves it; another backend's is relaid): a second copy of the model's largest
     # weights would double load time
     rows, cols = weights[0].shape[0], sum(widths)
-    fused = np.empty((rows, cols), weights[0].dtype, order=matvec_order(rows, cols) if column_major else "C")
+    fused = new_weight((rows, cols), weights[0].dtype, matvec_order(rows, cols) if column_major else "C")
     at = 0
     for w in weights:
         fused[:, at:at + w.shape[1]] = w

@@ -15,10 +15,10 @@ float rounding of the BLAS kernel's blocking. Only where that pays: numpy's BLAS
 OpenBLAS with more than one thread, float32, and the padding adds at most 60%.
 
 The zero columns cost no memory traffic: the padded weight is column-major, so they
-are the tail of its buffer, and that buffer is fresh anonymous memory whose tail is
-never written (`zero_tail_array`). The kernel maps every page of such a tail to its
-one shared zero page, which stays in cache, so a product streams the real weight's
-bytes and no more. Measured on the 2-core machine: forty 576x576 weights cycled out
+are the tail of its buffer, and that tail is fresh anonymous memory never written
+(`huge_pages.new_weight`). The kernel maps every page of such a tail to its one
+shared zero page, which stays in cache, so a product streams the real weight's bytes
+and no more. Measured on the 2-core machine: forty 576x576 weights cycled out
 of cache, 60-65 -> 53-57 us a product (onnxruntime's, in its profiler: 50); SmolLM2's
 captured fixed-KV launch loop, shuffled blocks in one process, 22.6 -> 21.5 ms a token.
 """
@@ -26,13 +26,13 @@ captured fixed-KV launch loop, shuffled blocks in one process, 22.6 -> 21.5 ms a
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 
 import numpy as np
 
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers
+from .huge_pages import new_weight
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
 SINGLE_THREAD_BELOW = 460_800
@@ -83,19 +83,6 @@ def padded_width(rows: int, cols: int) -> int | None:
     return width if width <= MAX_GROWTH * cols else None
 
 
-def zero_tail_array(shape: tuple[int, int], dtype: np.dtype, order: str) -> np.ndarray:
-    """An array of zeros in private anonymous memory of its own (where the platform has
-    it): pages nobody writes stay the kernel's shared zero page, read from cache and
-    resident nowhere, so only what the caller fills costs memory and bandwidth. Elsewhere
-    plain `np.zeros`, the same values."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    private = getattr(mmap, "MAP_PRIVATE", None)
-    if private is None or nbytes == 0:
-        return np.zeros(shape, dtype, order=order)
-    memory = mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
-    return np.ndarray(shape, dtype, buffer=memory, order=order)  # keeps the map alive through .base
-
-
 def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
     if not openblas_threads_available():
         return []
@@ -113,8 +100,11 @@ def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
         if width is None:
             continue
         order = matvec_order(rows, width)
-        # column-major, the zero columns are the buffer's tail: never written, the zero page
-        wide = zero_tail_array((rows, width), np.float32, order)
+        if order == "F":  # the zero columns are the buffer's tail: never written, the zero page
+            wide = new_weight((rows, width), np.float32, order, zero_tail=rows * (width - cols) * 4)
+        else:
+            wide = new_weight((rows, width), np.float32, order)
+            wide[:, cols:] = 0
         wide[:, :cols] = array
         name = graph.values[vid].name
         wide_id = add_initializer(graph, f"{name}_padded", wide)

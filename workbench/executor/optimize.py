@@ -14,6 +14,8 @@ file and why:
   ones OpenBLAS reads faster as they are: `matvec_threads.keeps_row_major`).
 - ``matvec_threads`` (level ``all``, `matvec_threads.py`): a weight just under OpenBLAS's
   threading threshold padded with zero columns past it, a Slice taking the real ones.
+- ``huge_pages`` (level ``all``, cpu, `huge_pages.py`): MatMul weights in memory backed
+  by 2 MiB pages; the rules above write theirs there directly.
 
 Levels (named as onnxruntime's `GraphOptimizationLevel`): ``disabled``; ``basic``
 makes the rewrites above; ``extended`` and ``all`` also fold shape arithmetic at run
@@ -36,6 +38,7 @@ from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
 from .graph_edit import Rewrite, copy_graph, read_values, readers
+from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, new_weight, placing_weights
 from .matvec_threads import matvec_order, pad_for_threads
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
@@ -71,12 +74,18 @@ def optimize(graph: Graph, level: str, *, release: bool = False,
     rewrites = _fold_constants(out)
     rewrites += _drop_dead_nodes(out)
     rewrites += _drop_unused_initializers(out)
-    if level in ("extended", "all"):
-        rewrites += fuse(out, graph.initializers if release else None, level)
-    if level == "all":
-        if backend == "cpu":  # numpy's BLAS threading; cuBLAS has no such threshold
-            rewrites += pad_for_threads(out, graph.initializers if release else None)
-        rewrites += _matvec_layout(out, graph.initializers if release else None, backend)
+    released = graph.initializers if release else None
+    # the weights level "all" writes for numpy's BLAS go straight into huge pages
+    arena = WeightArena() if level == "all" and backend == "cpu" and huge_pages_available() else None
+    with placing_weights(arena):
+        if level in ("extended", "all"):
+            rewrites += fuse(out, released, level)
+        if level == "all":
+            if backend == "cpu":  # numpy's BLAS threading; cuBLAS has no such threshold
+                rewrites += pad_for_threads(out, released)
+            rewrites += _matvec_layout(out, released, backend)
+    if arena is not None:
+        rewrites += move_matvec_weights(out, arena, released)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
     return out, rewrites
 
@@ -162,7 +171,9 @@ def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> 
                 or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)
                 or matvec_order(*array.shape, backend) == "C"):
             continue
-        graph.initializers[vid] = np.asfortranarray(array)
+        relaid = new_weight(array.shape, array.dtype, "F")
+        relaid[...] = array
+        graph.initializers[vid] = relaid
         if release is not None:
             release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
         del array

@@ -1,0 +1,177 @@
+"""Rule `huge_pages` (level "all", cpu): MatMul weights in memory backed by 2 MiB pages.
+
+It changes where a weight's bytes live, never a value: checked against onnxruntime
+run after run on one input buffer (weights embedded and from external data), by a
+SmolLM2-shaped decode's tokens and logits, and by the arena's own placement rules
+(a padded weight's zero columns stay never-written memory)."""
+
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from oracles import ort_session, runs_on_one_buffer, tensor
+
+import workbench
+import workbench.executor.huge_pages as huge_pages
+import workbench.executor.optimize as optimize
+from workbench import Generator, SessionOptions, models
+from workbench.executor.huge_pages import HUGE_PAGE, WeightArena
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="anonymous maps and /proc")
+RUNS = 8
+needs_huge_pages = pytest.mark.skipif(not huge_pages.huge_pages_available(),
+                                      reason="transparent huge pages are off on this machine")
+
+
+def _pages_present(region: np.ndarray) -> list[bool]:
+    """For each whole 4 KiB page of a contiguous array, whether the process has it mapped
+    (/proc/self/pagemap bit 63): a page never written nor read has none."""
+    first = -(-region.ctypes.data // mmap.PAGESIZE)
+    last = (region.ctypes.data + region.nbytes) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = np.frombuffer(pagemap.read((last - first) * 8), np.uint64)
+    return [bool(e >> np.uint64(63)) for e in entries]
+
+
+def _anon_huge_kib(array: np.ndarray) -> int:
+    """AnonHugePages of the mapping that holds `array` (/proc/self/smaps)."""
+    at, inside = array.ctypes.data, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= at < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1])
+    return 0
+
+
+def test_the_arena_keeps_values_and_layout():
+    rng = np.random.default_rng(1)
+    arena = WeightArena()
+    a = rng.standard_normal((576, 960), dtype=np.float32)
+    b = rng.standard_normal((1536, 576), dtype=np.float32)
+    in_c, in_f = arena.copy(a, "C"), arena.copy(b, "F")
+    np.testing.assert_array_equal(in_c, a)
+    np.testing.assert_array_equal(in_f, b)
+    assert in_c.flags.c_contiguous and in_f.flags.f_contiguous and in_f.strides == (4, 1536 * 4)
+    assert arena.holds(in_c) and arena.holds(in_f) and not arena.holds(a)
+    assert in_c.ctypes.data % HUGE_PAGE == 0, "a chunk's first weight starts a huge page"
+    assert in_f.ctypes.data % 4096 == 0 and in_f.ctypes.data >= in_c.ctypes.data + in_c.nbytes
+
+
+def test_a_zero_tail_starts_a_huge_page_that_nothing_else_writes():
+    arena = WeightArena()
+    before = arena.empty((576, 960), np.float32)
+    before[...] = 1
+    tail_bytes = 576 * 225 * 4
+    wide = arena.empty((576, 801), np.float32, "F", zero_tail=tail_bytes)
+    wide[:, :576] = 2
+    after = arena.empty((1536, 576), np.float32)
+    after[...] = 3
+    tail = wide[:, 576:]
+    assert tail.ctypes.data % HUGE_PAGE == 0 and tail.nbytes == tail_bytes
+    assert after.ctypes.data >= tail.ctypes.data + HUGE_PAGE, "the tail's huge page is its own"
+    assert not any(_pages_present(tail)), "the zero tail was written: it would stream from memory"
+    assert not tail.any() and (wide[:, :576] == 2).all() and (before == 1).all() and (after == 3).all()
+
+
+def test_without_the_huge_zero_page_a_tail_reads_from_small_zero_pages(monkeypatch):
+    monkeypatch.setattr(huge_pages, "_zero_page_on_read", lambda: False)
+    arena = WeightArena()
+    wide = arena.empty((576, 801), np.float32, "F", zero_tail=576 * 225 * 4)
+    wide[:, :576] = 5
+    assert not wide[:, 576:].any() and (wide[:, :576] == 5).all()
+
+
+def test_a_weight_bigger_than_a_chunk_gets_a_chunk_of_its_own(monkeypatch):
+    monkeypatch.setattr(huge_pages, "CHUNK", 4 << 20)
+    arena = WeightArena()
+    small = arena.copy(np.ones((512, 512), np.float32), "C")  # 1 MiB
+    big = arena.copy(np.full((2048, 1024), 2.0, np.float32), "C")  # 8 MiB
+    more = arena.copy(np.full((512, 512), 3.0, np.float32), "C")
+    assert all(arena.holds(x) for x in (small, big, more))
+    assert big.ctypes.data % HUGE_PAGE == 0 and (big == 2.0).all() and (small == 1.0).all() and (more == 3.0).all()
+
+
+def _model(path=None):
+    """x [1, 1, 576] -> MatMul with three 2-D weights over 1 MiB (a tall one relaid
+    column-major, a wide 576x2048 kept row-major as the file has it, a padded 576x576)
+    and one under it; optionally with the weights in external data at `path`."""
+    rng = np.random.default_rng(3)
+    weights = {name: (rng.standard_normal(shape) * 0.05).astype(np.float32) for name, shape in
+               (("w_wide", (576, 2048)), ("w_tall", (2048, 576)), ("w_square", (576, 576)), ("w_small", (576, 64)))}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_wide"], ["h"]),
+         helper.make_node("Relu", ["h"], ["h_pos"]),
+         helper.make_node("MatMul", ["h_pos", "w_tall"], ["y"]),
+         helper.make_node("MatMul", ["y", "w_square"], ["z"]),
+         helper.make_node("MatMul", ["z", "w_small"], ["s"])],
+        "weights", [tensor("x", [1, 1, 576])],
+        [tensor("h", [1, 1, 2048]), tensor("z", [1, 1, 576]), tensor("s", [1, 1, 64])],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    if path is None:
+        return model, model
+    embedded = onnx.ModelProto()
+    embedded.CopyFrom(model)  # saving moves the weights out of `model` itself
+    onnx.save_model(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    return str(path), embedded
+
+
+@needs_huge_pages
+@pytest.mark.parametrize("external", [False, True])
+def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external):
+    source, model = _model(tmp_path / "m.onnx" if external else None)
+    session = workbench.InferenceSession(source, SessionOptions(decode_memo_verify=False))
+    moved = session.recording.rewrites().query("rule == 'huge_pages'")
+    by_name = session.graph.by_name
+    names = set(moved.result)
+    assert {"w_wide", "w_tall"} <= names and "w_small" not in names, names
+    assert any(name.endswith("_padded") for name in names), "the padded 576x576 as well"
+    for name in names:
+        weight = session.graph.initializers[by_name[name]]
+        assert _anon_huge_kib(weight) >= 2048, f"{name} is not in huge pages"
+    assert session.graph.initializers[by_name["w_wide"]].flags.c_contiguous
+    assert session.graph.initializers[by_name["w_tall"]].flags.f_contiguous
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(8),
+                              names="hzs")
+    for run, name, got, want in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+def test_without_huge_pages_the_weights_stay_where_numpy_put_them(monkeypatch):
+    monkeypatch.setattr(optimize, "huge_pages_available", lambda: False)
+    model, _ = _model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    assert session.recording.rewrites().query("rule == 'huge_pages'").empty
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(2),
+                              names="hzs")
+    for run, name, got, want in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+@needs_huge_pages
+def test_smollm2_shaped_llama_decodes_what_onnxruntime_does_from_huge_pages():
+    """SmolLM2's widths: every projection (fused Q/K/V, gate/up, padded o_proj, relaid
+    down_proj) lives in huge pages; tokens and every step's logits are onnxruntime's."""
+    model = models.llama("tiny", flavor="genai", hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
+                         num_layers=2, vocab=512)
+    peer = ort_session(model)
+    session = workbench.InferenceSession(model.SerializeToString())
+    assert len(session.recording.rewrites().query("rule == 'huge_pages'")) == 2 * 4 + 1  # 4 a layer, lm_head
+    for kv in ("fixed", "growing"):
+        want = Generator(peer).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv,
+                                        return_logits=True)
+        got = Generator(session).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv,
+                                          return_logits=True)
+        assert got.tokens == want.tokens, kv
+        for step, (g, w) in enumerate(zip(got.logits, want.logits, strict=True)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{kv} step {step}")

@@ -1,0 +1,199 @@
+"""Level "all" on the cpu backend: MatMul weights in memory backed by 2 MiB pages
+(rule `huge_pages`).
+
+Why. One-token decode streams every weight from memory once a token. In 4 KiB pages
+SmolLM2's 530 MB of MatMul weights are 130,000 translations, against the core's TLB
+of about 3,000: each product walks the page tables for every page it reads, and leaves
+the TLB full of weight pages, so the interpreter and numpy's small kernels that run
+between two products (norms, attention, activations, the executor itself) miss on
+their own code and data as well. In 2 MiB pages the same weights need about 270
+translations. Measured on this project's 2-core machine, SmolLM2: the fixed-KV
+captured launch loop 24.6 -> 22.7 ms a token (its products 20.6 -> 19.4 ms, the rest
+4.0 -> 3.3 ms); whole decode steps beside onnxruntime, fixed KV 1.19 -> 1.15 of its
+time, growing KV 1.29 -> 1.20.
+
+How. A `WeightArena` hands out arrays from private anonymous mappings advised
+MADV_HUGEPAGE and aligned to 2 MiB, filled one after another. The rules that write a
+weight at load anyway (`matmul_siblings`, `matvec_layout`, `matvec_threads`) allocate
+it there through `new_weight` while `placing_weights(arena)` is in effect, and this
+rule copies in the MatMul weights no rule rewrote (a wide lm_head still mapped from
+its file). Nothing about a weight changes but where its bytes live: the same values
+in the same layout. A padded weight's zero columns (`matvec_threads`) begin a 2 MiB
+page of their own that is never written, so they still read as the kernel's shared
+zero page, resident nowhere.
+
+Only where the kernel backs such memory with huge pages: Linux, transparent huge
+pages not "never".
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import numpy as np
+
+from ..addresses import address
+from ..ir.graph import Graph
+from .graph_edit import Rewrite, readers
+
+HUGE_PAGE = 2 << 20
+#: chunks are mapped this large (a bigger weight gets a chunk of its own)
+CHUNK = 64 << 20
+#: weights smaller than this stay where they are (a few pages: nothing to gain)
+MIN_BYTES = 1 << 20
+_ALIGN = 4096
+_THP_SETTINGS = "/sys/kernel/mm/transparent_hugepage/"
+
+
+def huge_pages_available() -> bool:
+    """Whether anonymous memory advised MADV_HUGEPAGE gets 2 MiB pages here."""
+    if not all(hasattr(mmap, name) for name in ("MADV_HUGEPAGE", "MAP_PRIVATE", "MAP_ANONYMOUS")):
+        return False
+    try:
+        with open(_THP_SETTINGS + "enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def _zero_page_on_read() -> bool:
+    """Whether reading an untouched huge page maps the shared huge zero page (else the
+    kernel gives it 2 MiB of zeroed memory of its own)."""
+    try:
+        with open(_THP_SETTINGS + "use_zero_page") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+class WeightArena:
+    """A bump allocator over 2 MiB-aligned, MADV_HUGEPAGE chunks. A chunk's memory goes
+    when the last array in it does (each array keeps its chunk's map alive)."""
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[int, int]] = []  # (first address, end address) of each chunk's usable span
+        self._memory: np.ndarray | None = None  # the current chunk's usable span, as bytes
+        self._used = 0
+        self._zero_page = _zero_page_on_read()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C",
+              zero_tail: int = 0) -> np.ndarray:
+        """An uninitialised array in huge pages. `zero_tail` bytes at its end are left
+        unwritten and start a huge page no other array uses, so they read as zeros from
+        the shared zero page (the caller must not write them)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        head = nbytes - zero_tail
+        start = -(-self._used // _ALIGN) * _ALIGN
+        if zero_tail:
+            start = -(-(start + head) // HUGE_PAGE) * HUGE_PAGE - head  # the tail on a huge page boundary
+        end = start + nbytes
+        if zero_tail:
+            end = -(-end // HUGE_PAGE) * HUGE_PAGE  # nothing else in the tail's last huge page
+        if self._memory is None or end > len(self._memory):
+            self._new_chunk(max(CHUNK, nbytes + 2 * HUGE_PAGE))
+            return self.empty(shape, dtype, order, zero_tail)
+        memory = self._memory
+        if zero_tail and not self._zero_page:
+            tail_at = start + head  # 4 KiB zero pages instead of a zeroed huge page of its own
+            memory.base.madvise(mmap.MADV_NOHUGEPAGE, memory.offset + tail_at, end - tail_at)
+        self._used = end
+        return np.ndarray(shape, dtype, buffer=memory.view[start:start + nbytes], order=order)
+
+    def copy(self, array: np.ndarray, order: str) -> np.ndarray:
+        """`array`'s values in the arena, in `order` ("C" or "F")."""
+        placed = self.empty(array.shape, array.dtype, order)
+        placed[...] = array
+        return placed
+
+    def holds(self, array: np.ndarray) -> bool:
+        at = address(array)
+        return any(lo <= at < hi for lo, hi in self._chunks)
+
+    def _new_chunk(self, size: int) -> None:
+        size = -(-size // HUGE_PAGE) * HUGE_PAGE
+        chunk = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        chunk.madvise(mmap.MADV_HUGEPAGE)
+        whole = np.frombuffer(chunk, np.uint8)
+        skip = -address(whole) % HUGE_PAGE
+        self._memory = _Span(chunk, skip, whole[skip:skip + size])
+        self._chunks.append((address(whole) + skip, address(whole) + skip + size))
+        self._used = 0
+
+
+class _Span:
+    """A chunk's 2 MiB-aligned usable bytes: the map, where they start in it, the view."""
+
+    __slots__ = ("base", "offset", "view")
+
+    def __init__(self, base: mmap.mmap, offset: int, view: np.ndarray) -> None:
+        self.base, self.offset, self.view = base, offset, view
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+
+_ARENA: ContextVar[WeightArena | None] = ContextVar("workbench_weight_arena", default=None)
+
+
+@contextmanager
+def placing_weights(arena: WeightArena | None) -> Iterator[None]:
+    """While in effect, `new_weight` allocates in `arena` (None: numpy's memory)."""
+    token = _ARENA.set(arena)
+    try:
+        yield
+    finally:
+        _ARENA.reset(token)
+
+
+def new_weight(shape: tuple[int, ...], dtype: np.dtype, order: str = "C", zero_tail: int = 0) -> np.ndarray:
+    """An array for a weight a load-time rule is about to write (uninitialised but for
+    `zero_tail` bytes at its end, zeros the caller must not write): in the arena of the
+    optimization in progress when it is of a size worth a huge page, else numpy's."""
+    arena = _ARENA.get()
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if arena is not None and nbytes >= MIN_BYTES:
+        return arena.empty(shape, dtype, order, zero_tail)
+    if zero_tail:
+        return zero_tail_array(shape, dtype, order)
+    return np.empty(shape, dtype, order=order)
+
+
+def zero_tail_array(shape: tuple[int, ...], dtype: np.dtype, order: str) -> np.ndarray:
+    """An array of zeros in private anonymous memory of its own (where the platform has
+    it): pages nobody writes stay the kernel's shared zero page, read from cache and
+    resident nowhere, so only what the caller fills costs memory and bandwidth. Elsewhere
+    plain `np.zeros`, the same values."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None or nbytes == 0:
+        return np.zeros(shape, dtype, order=order)
+    memory = mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
+    return np.ndarray(shape, dtype, buffer=memory, order=order)  # keeps the map alive through .base
+
+
+def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) -> list[Rewrite]:
+    """Rule `huge_pages`: every 2-D float weight only MatMul reads, as B, of at least
+    `MIN_BYTES`, in the arena (copied in unless a rule already wrote it there), in its
+    own layout. One row per weight."""
+    read_by = readers(graph)
+    outputs = set(graph.outputs)
+    rewrites = []
+    for vid in list(graph.initializers):  # ids only: a snapshot of the arrays would keep every original alive
+        array = graph.initializers[vid]
+        uses = read_by.get(vid, [])
+        if (array.ndim != 2 or array.dtype.kind != "f" or array.nbytes < MIN_BYTES or vid in outputs or not uses
+                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
+            continue
+        if not arena.holds(array):
+            order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+            graph.initializers[vid] = arena.copy(array, order)
+            if release is not None:
+                release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
+        del array
+        rewrites.append(Rewrite("huge_pages", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
+                                graph.values[vid].name, 0, 0, kept=True))
+    return rewrites
