@@ -197,6 +197,28 @@ def test_io_buffers_addresses_are_where_each_array_is_now():
     assert feeds.base_address.iloc[2 * RUNS:].nunique() == 1 and feeds.base_nbytes.iloc[-1] == big.nbytes
 
 
+def test_io_buffers_rows_of_the_very_same_arrays_are_the_last_steps():
+    """A fixed-KV decode feeds the very same arrays every step and gets the last step's
+    io_buffers rows back. That relies on an array fed before never moving: numpy refuses
+    to resize in place an array with weak references, which the executor holds."""
+    model = _view_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    checked = _check_io_addresses(session)
+    oracle = _ort(model)
+    rng = np.random.default_rng(4)
+    x = np.empty((2, 12), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((2, 12))
+        got = session.run(None, {"x": x})
+        for a, b in zip(got, oracle.run(None, {"x": x.copy()})):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
+        with pytest.raises(ValueError, match="referenced"):
+            x.resize((1 << 20,), refcheck=False)
+    assert len(checked) == RUNS
+    rows = session.recording._generic["io_buffers"].pending
+    assert all(block[2] is rows[1][2] for block in rows[1:]), "one rows tuple for every step of the same arrays"
+
+
 @pytest.mark.parametrize("flavor, export", [("onnx", None), ("genai", None), ("onnx", "optimum-merged")])
 def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     """A growing KV cache: the variant values' nbytes move every step (the last rows go
