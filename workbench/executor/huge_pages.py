@@ -7,10 +7,14 @@ of about 3,000: each product walks the page tables for every page it reads, and 
 the TLB full of weight pages, so the interpreter and numpy's small kernels that run
 between two products (norms, attention, activations, the executor itself) miss on
 their own code and data as well. In 2 MiB pages the same weights need about 270
-translations. Measured on this project's 2-core machine, SmolLM2: the fixed-KV
-captured launch loop 24.6 -> 22.7 ms a token (its products 20.6 -> 19.4 ms, the rest
-4.0 -> 3.3 ms); whole decode steps beside onnxruntime, fixed KV 1.19 -> 1.15 of its
-time, growing KV 1.29 -> 1.20.
+translations. Measured on this project's 2-core machine, SmolLM2, a session with this
+rule against one without, alternating (noise here swings single runs by 10%): the
+captured fixed-KV launch loops, 300 passes each, 0.980 of the time (the products
+20.7 -> 20.0 ms a token); whole decode steps, 40 rounds of 12 tokens, 0.981 (fixed KV)
+and 0.980 (growing). Load writes these weights anyway; faulting 2 MiB pages is
+usually the cheaper part of that (512 MiB: about 50 ms against 220 in 4 KiB pages), but
+on these virtual machines a huge page the host has taken back costs more, and a
+SmolLM2 load took 0.29-1.10 s (median 0.61) against 0.39-0.45 s without the rule.
 
 How. A `WeightArena` hands out arrays from private anonymous mappings advised
 MADV_HUGEPAGE and aligned to 2 MiB, filled one after another. The rules that write a
