@@ -18,9 +18,9 @@ The zero columns cost no memory traffic: the padded weight is column-major, so t
 are the tail of its buffer, and that tail is fresh anonymous memory never written
 (`huge_pages.new_weight`). The kernel maps every page of such a tail to its one
 shared zero page, which stays in cache, so a product streams the real weight's bytes
-and no more. Measured on the 2-core machine: forty 576x576 weights cycled out
-of cache, 60-65 -> 53-57 us a product (onnxruntime's, in its profiler: 50); SmolLM2's
-captured fixed-KV launch loop, shuffled blocks in one process, 22.6 -> 21.5 ms a token.
+and no more. (`np.zeros` often gave the same, when the allocator took fresh pages from
+the kernel for it; a heap reusing freed memory would have zeroed real pages instead.
+Paired in-model runs measure no difference between the two today: 1.0015.)
 """
 
 from __future__ import annotations
