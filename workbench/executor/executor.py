@@ -9,7 +9,6 @@ signature skip straight to dispatch.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read, replay_kernel
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
+from .io_rows import IO_COLUMNS, IoRows, io_layout
 from .liveness_rows import LivenessRows
 from .memo import MemoStats
 from .memo_steps import DecodeMemoSteps
@@ -101,8 +101,10 @@ class Executor(DecodeMemoSteps):
         self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
         #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
         self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
-        #: the last io_buffers rows and what they were read from (`_emit_io_buffers`)
-        self._io_rows: tuple | None = None
+        #: the last io_buffers rows, per position, and what they were read from; the
+        #: (value, role) positions per set of feeds and bound outputs
+        self._io_rows = IoRows()
+        self._io_layouts: dict[tuple, tuple] = {}
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -487,31 +489,12 @@ class Executor(DecodeMemoSteps):
         outputs = self._unbound_outputs.get(key)
         if outputs is None:
             outputs = self._unbound_outputs[key] = tuple(v for v in self.graph.outputs if v not in bound)
-        ids = (tuple(feeds), key)
+        layout = self._io_layouts.get((tuple(feeds), key))
+        if layout is None:
+            layout = self._io_layouts[(tuple(feeds), key)] = io_layout(feeds, bound, outputs)
         arrays = (*feeds.values(), *bound.values(), *map(env.__getitem__, outputs))
-        last = self._io_rows
-        # the very arrays of the last step: the rows are the last step's, as in every step
-        # of a fixed-KV decode. An array's view chain never changes, and numpy refuses to
-        # resize (move) an array that has weak references, as these hold (no spent array
-        # is kept alive by them)
-        if (last is not None and last[0] == ids and len(arrays) == len(last[1])
-                and all(ref() is arr for ref, arr in zip(last[1], arrays))):
-            rows = last[2]
-        else:
-            where = self.addresses.where
-            rows = []
-            append = rows.append
-            for role, items in (("feed", feeds.items()), ("bound_output", bound.items()),
-                                ("output", ((vid, env[vid]) for vid in outputs))):
-                for vid, arr in items:
-                    if hasattr(arr, "nbytes"):
-                        append((vid, role, *where(arr)))
-            rows = tuple(rows)
-            try:
-                self._io_rows = (ids, tuple(map(weakref.ref, arrays)), rows)
-            except TypeError:  # something without weak references: read afresh every step
-                self._io_rows = None
-        rec.add_rows("io_buffers", _IO_COLUMNS, rows)
+        rows = self._io_rows.rows(layout, arrays, self.addresses)
+        rec.add_rows("io_buffers", IO_COLUMNS, rows)
 
     def output_for_caller(self, vid: int) -> Any:
         """Graph output `vid` of the last run as the caller gets it: a host copy, or the
@@ -600,7 +583,6 @@ class Executor(DecodeMemoSteps):
         return run
 
 
-_IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
 
 def copy_launch(ins: list, outs: list) -> tuple:
     """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""

@@ -1,0 +1,64 @@
+"""The io_buffers rows of a step: where each feed, bound output and graph output lives.
+
+One row per array: (value_id, role, address, nbytes, base_address, base_nbytes), the
+base being the buffer at the bottom of the array's view chain (`KnownAddresses.where`).
+A decode loop hands the executor mostly the very arrays of the last step (a fixed-KV
+decode all of them but the attention mask, which grows; a growing one its caches as
+last step's outputs), and an array's row is a function of the array alone: its view
+chain never changes, and numpy refuses to resize (move) an array that has weak
+references, as these rows hold. So a row is read afresh only for an array that is not
+the one at its position last step, and a step of only such arrays hands the Recording
+the very rows tuple of the last.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .views import KnownAddresses
+
+IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
+
+
+class IoRows:
+    """The last step's rows, per position, and weak references to the arrays they describe."""
+
+    __slots__ = ("_layout", "_refs", "_rows", "_emitted")
+
+    def __init__(self) -> None:
+        self._layout: tuple | None = None  # ((vid, role), ...) of the last step's positions
+        self._refs: list = []  # per position: a weak reference to the array, or None
+        self._rows: list = []  # per position: its row, or None (not an array)
+        self._emitted: tuple = ()  # the last rows tuple handed to the Recording
+
+    def rows(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> tuple:
+        """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)."""
+        if layout != self._layout:
+            self._layout, self._refs, self._rows = layout, [None] * len(layout), [None] * len(layout)
+        refs, rows = self._refs, self._rows
+        changed = False
+        for i, arr in enumerate(arrays):
+            ref = refs[i]
+            if ref is not None and ref() is arr:
+                continue
+            changed = True
+            if hasattr(arr, "nbytes"):
+                vid, role = layout[i]
+                rows[i] = (vid, role, *addresses.where(arr))
+                try:
+                    refs[i] = weakref.ref(arr)
+                except TypeError:  # no weak references: read afresh every step
+                    refs[i] = None
+            else:
+                rows[i] = refs[i] = None
+        if changed or not self._emitted:
+            self._emitted = tuple(row for row in rows if row is not None)
+        return self._emitted
+
+
+def io_layout(feeds: dict[int, Any], bound: dict[int, Any], outputs: tuple[int, ...]) -> tuple:
+    """(value id, role) of each position: the feeds, the bound outputs, then the unbound
+    graph outputs, as `Executor._emit_io_buffers` lists their arrays."""
+    return (*((vid, "feed") for vid in feeds), *((vid, "bound_output") for vid in bound),
+            *((vid, "output") for vid in outputs))
