@@ -104,7 +104,7 @@ def _nbits_model(w: NBitsWeight, accuracy_level: int, bias=None, a_type=TensorPr
 
 
 #: (bits, block_size) pairs with an int8 kernel in onnxruntime's MLAS on x86-64
-INT8_PAIRS = {(b, bs) for b in (4, 8) for bs in (16, 32, 64, 128, 256)} | {(2, bs) for bs in (32, 64, 128)}
+INT8_PAIRS = {(b, bs) for b in (4, 8) for bs in (16, 32, 64, 128, 256, 512, 2048)} | {(2, bs) for bs in (32, 64, 128)}
 
 MATMUL_CASES = [
     pytest.param(bits, level, bs, zp, bias, K, N, id=f"b{bits}-acc{level}-bs{bs}-{zp}zp-{bias}bias-{K}x{N}")
@@ -135,10 +135,11 @@ def test_matmul_nbits_accuracy_levels(bits, level, block_size, with_zp, with_bia
 
 
 @pytest.mark.parametrize("bits,block_size", [(2, 16), (2, 32), (2, 64), (2, 128), (2, 256),
-                                             (4, 256), (8, 256)])
+                                             (4, 256), (8, 256), (4, 512), (8, 512), (4, 2048)])
 def test_matmul_nbits_int8_block_size_table(bits, block_size):
     """Which (bits, block_size) pairs onnxruntime computes in int8 at level 4 (2-bit only
-    for 32..128), with a partial last block."""
+    for 32..128; 4- and 8-bit for every block size, A quantized per 256 past 256), with
+    a partial last block."""
     r = rng_for("nbits_table", bits, block_size)
     K, N = 2 * block_size + 24, 48
     w = NBitsWeight(r, K, N, bits, block_size, True)

@@ -24,7 +24,9 @@ level 2/3 fp16/bf16 compute exists only on ARM64 for fp16 A). Level 4 takes MLAS
 
 - the (bits, block_size) pair has an MLAS int8 kernel: bits 4 and 8 with block_size in
   {16, 32, 64, 128, 256}; bits 2 with block_size in {32, 64, 128} (see
-  ``_INT8_BLOCK_SIZES``);
+  ``_INT8_BLOCK_SIZES``). 4- and 8-bit weights in larger blocks (512 and up) are
+  computed in int8 too, with A quantized per block of 256 (``_INT8_LARGEST_BLOCK``,
+  measured against the installed onnxruntime);
 - B is an initializer (MLAS needs it prepacked at session load; a run-time B always
   takes the unpacked float path), and so are scales and uint8 zero points (with B
   constant but scales / zero points fed at run time onnxruntime reads prepacked data it
@@ -57,11 +59,15 @@ from .contrib import F32, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype, pad_inputs
 from .registry import KernelFn, NodeInfo, register
 
 #: dequantized weights of at most this many elements are cached at build time
-_CACHE_LIMIT_ELEMENTS = 1 << 24
+CACHE_LIMIT_ELEMENTS = 1 << 24
 
 #: block sizes with an MLAS CompInt8 (accuracy_level=4) kernel, by bits (onnxruntime 1.32:
 #: ``GetQNBitGemmVariant`` / ``MlasIsQNBitGemmAvailable`` in ``mlas/lib/qnbitgemm.cpp``)
 _INT8_BLOCK_SIZES = {2: (32, 64, 128), 4: (16, 32, 64, 128, 256), 8: (16, 32, 64, 128, 256)}
+#: 4- and 8-bit weights in larger blocks are computed in int8 as well, A quantized per
+#: block of this many (the largest kernel's; measured against onnxruntime 1.32 at 512 to
+#: 4096: A per 256 agrees to 3e-7 of the output, per the weight's own block not at all)
+_INT8_LARGEST_BLOCK = 256
 #: the accuracy_level that asks for int8 compute
 _ACCURACY_INT8 = 4
 
@@ -73,7 +79,7 @@ def uses_int8_compute(info: NodeInfo) -> bool:
     block_size = int(info.attr("block_size", 0))
     if int(info.attr("accuracy_level", 0)) != _ACCURACY_INT8:
         return False
-    if block_size not in _INT8_BLOCK_SIZES.get(bits, ()):
+    if block_size not in _INT8_BLOCK_SIZES.get(bits, ()) and not (bits in (4, 8) and block_size > _INT8_LARGEST_BLOCK):
         return False
     dtypes = tuple(info.input_dtypes) + (None,) * 6
     if dtypes[4] is not None:  # g_idx: unpacked path
@@ -111,9 +117,8 @@ _F32_127 = np.float32(127.0)
 _F32_ONE = np.float32(1.0)
 
 
-@register("MatMulNBits", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
-def build_matmul_nbits(info: NodeInfo) -> KernelFn:
-    xp = info.xp
+def nbits_layout(info: NodeInfo) -> tuple[int, int, int, int]:
+    """(K, N, bits, block_size) of a MatMulNBits node, checked as its kernel needs them."""
     K = int(info.attr("K"))
     N = int(info.attr("N"))
     bits = int(info.attr("bits", 4))
@@ -127,42 +132,57 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
     if block_size < 16 or block_size & (block_size - 1):
         raise KernelError(f"MatMulNBits node {info.name!r}: block_size={block_size} must be a "
                           "power of two >= 16")
+    return K, N, bits, block_size
+
+
+def dequantize_nbits(xp: Any, b: Any, scales: Any, zero_points: Any, g_idx: Any, *, N: int, K: int,
+                     bits: int, block_size: int) -> Any:
+    """The float32 weight W, [N, K], of MatMulNBits inputs B, scales, zero points and
+    g_idx (see the module docstring)."""
     k_blocks = -(-K // block_size)
     per_byte = 8 // bits
-    bit_mask = (1 << bits) - 1
-    default_zp = float(1 << (bits - 1))
-    dtype = out_dtype(info)
     shifts = xp.asarray(np.arange(per_byte, dtype=np.uint8) * np.uint8(bits))
+    bit_mask = np.uint8((1 << bits) - 1)
+    default_zp = float(1 << (bits - 1))
 
     def unpack(packed: Any) -> Any:
         """uint8 [..., m] -> uint8 [..., m * per_byte], low bits first."""
-        vals = (packed[..., None] >> shifts) & np.uint8(bit_mask)
+        vals = (packed[..., None] >> shifts) & bit_mask
         return vals.reshape(packed.shape[:-1] + (packed.shape[-1] * per_byte,))
 
+    q = unpack(b.reshape(N, -1))  # [N, k_blocks * block_size]
+    sc = scales.reshape(N, k_blocks).astype(F32)
+    if zero_points is None or (g_idx is not None and zero_points.dtype == np.uint8):
+        zp = None
+    elif zero_points.dtype == np.uint8:
+        zp = unpack(zero_points.reshape(N, -1))[:, :k_blocks].astype(F32)
+    else:
+        zp = zero_points.reshape(N, k_blocks).astype(F32)
+    if g_idx is None:
+        qb = q.reshape(N, k_blocks, block_size).astype(F32)
+        centred = qb - (default_zp if zp is None else zp[:, :, None])
+        w = (centred * sc[:, :, None]).reshape(N, k_blocks * block_size)
+        return w[:, :K]
+    g = g_idx.reshape(-1)[:K].astype(np.int64)
+    qk = q[:, :K].astype(F32)
+    centred = qk - (default_zp if zp is None else xp.take(zp, g, axis=1))
+    return centred * xp.take(sc, g, axis=1)
+
+
+@register("MatMulNBits", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+def build_matmul_nbits(info: NodeInfo) -> KernelFn:
+    xp = info.xp
+    K, N, bits, block_size = nbits_layout(info)
+    dtype = out_dtype(info)
+
     def dequantize(b: Any, scales: Any, zero_points: Any, g_idx: Any) -> Any:
-        """The float32 weight W, [N, K]."""
-        q = unpack(b.reshape(N, -1))  # [N, k_blocks * block_size]
-        sc = scales.reshape(N, k_blocks).astype(F32)
-        if zero_points is None or (g_idx is not None and zero_points.dtype == np.uint8):
-            zp = None
-        elif zero_points.dtype == np.uint8:
-            zp = unpack(zero_points.reshape(N, -1))[:, :k_blocks].astype(F32)
-        else:
-            zp = zero_points.reshape(N, k_blocks).astype(F32)
-        if g_idx is None:
-            qb = q.reshape(N, k_blocks, block_size).astype(F32)
-            centred = qb - (default_zp if zp is None else zp[:, :, None])
-            w = (centred * sc[:, :, None]).reshape(N, k_blocks * block_size)
-            return w[:, :K]
-        g = g_idx.reshape(-1)[:K].astype(np.int64)
-        qk = q[:, :K].astype(F32)
-        centred = qk - (default_zp if zp is None else xp.take(zp, g, axis=1))
-        return centred * xp.take(sc, g, axis=1)
+        return dequantize_nbits(xp, b, scales, zero_points, g_idx, N=N, K=K, bits=bits, block_size=block_size)
 
     int8_compute = uses_int8_compute(info)
+    a_block = min(block_size, _INT8_LARGEST_BLOCK)  # how A is quantized for int8 compute
     cached_wt = None
     const = info.initializer_inputs  # the weights, laid out once below
-    if 1 in const and 2 in const and N * K <= _CACHE_LIMIT_ELEMENTS:
+    if 1 in const and 2 in const and N * K <= CACHE_LIMIT_ELEMENTS:
         zp_present = len(info.input_dtypes) > 3 and info.input_dtypes[3] is not None
         gi_present = len(info.input_dtypes) > 4 and info.input_dtypes[4] is not None
         if (not zp_present or 3 in const) and (not gi_present or 4 in const):
@@ -187,7 +207,7 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
                 # onnxruntime's CompInt8: A quantized per block; the int dot products and
                 # their scaling equal fake_quant(A) @ W up to float32 summation order
                 lead = a32.shape[:-1]
-                a32 = fake_quantize_blocks(xp, a32.reshape(-1, K), block_size).reshape(lead + (K,))
+                a32 = fake_quantize_blocks(xp, a32.reshape(-1, K), a_block).reshape(lead + (K,))
             y = xp.matmul(a32, wt)
         if bias is not None:
             y = y + bias.astype(F32, copy=False)
