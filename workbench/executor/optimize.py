@@ -14,6 +14,9 @@ file and why:
   ones OpenBLAS reads faster as they are: `matvec_threads.keeps_row_major`).
 - ``matvec_threads`` (level ``all``, `matvec_threads.py`): a weight just under OpenBLAS's
   threading threshold padded with zero columns past it, a Slice taking the real ones.
+- ``nbits_dequantized`` (level ``all``, `nbits_dequantized.py`): a MatMulNBits over
+  constant weights as a MatMul over them dequantized once (what its kernel multiplies
+  by anyway), before the MatMul rules, which then take it as a float model's product.
 - ``huge_pages`` (level ``all``, cpu, `huge_pages.py`): MatMul weights in memory backed
   by 2 MiB pages; the rules above write theirs there directly.
 
@@ -40,6 +43,7 @@ from .fusion import fuse
 from .graph_edit import Rewrite, copy_graph, read_values, readers
 from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, new_weight, placing_weights
 from .matvec_threads import matvec_order, pad_for_threads
+from .nbits_dequantized import dequantize_nbits_weights
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
 
@@ -78,6 +82,8 @@ def optimize(graph: Graph, level: str, *, release: bool = False,
     # the weights level "all" writes for numpy's BLAS go straight into huge pages
     arena = WeightArena() if level == "all" and backend == "cpu" and huge_pages_available() else None
     with placing_weights(arena):
+        if level == "all":  # before the MatMul rules, which then take these products too
+            rewrites += dequantize_nbits_weights(out, released)
         if level in ("extended", "all"):
             rewrites += fuse(out, released, level)
         if level == "all":

@@ -23,6 +23,7 @@ REWRITE_RULES = {
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
     "matvec_threads": "kept, its weight padded with zero columns so OpenBLAS runs it on every core; "
                       "a Slice (a view) takes the real columns",
+    "nbits_dequantized": "kept, as a MatMul over its 2/4/8-bit weight dequantized once at load (float32)",
     "huge_pages": "kept, its weight moved into memory backed by 2 MiB pages (streamed with fewer TLB misses)",
     "matmul_siblings": "fused: MatMuls of one input, weights concatenated into one MatMul + Split",
     "rms_norm": "fused: RMSNorm written out op by op, as one SimplifiedLayerNormalization",
