@@ -7,7 +7,6 @@ SmolLM2-shaped decode's tokens and logits, and by the arena's own placement rule
 
 from __future__ import annotations
 
-import mmap
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 from oracles import ort_session, runs_on_one_buffer, tensor
+from pages import anon_huge_kib, pages_present
 
 import workbench
 import workbench.executor.huge_pages as huge_pages
@@ -26,31 +26,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="an
 RUNS = 8
 needs_huge_pages = pytest.mark.skipif(not huge_pages.huge_pages_available(),
                                       reason="transparent huge pages are off on this machine")
-
-
-def _pages_present(region: np.ndarray) -> list[bool]:
-    """For each whole 4 KiB page of a contiguous array, whether the process has it mapped
-    (/proc/self/pagemap bit 63): a page never written nor read has none."""
-    first = -(-region.ctypes.data // mmap.PAGESIZE)
-    last = (region.ctypes.data + region.nbytes) // mmap.PAGESIZE
-    with open("/proc/self/pagemap", "rb") as pagemap:
-        pagemap.seek(first * 8)
-        entries = np.frombuffer(pagemap.read((last - first) * 8), np.uint64)
-    return [bool(e >> np.uint64(63)) for e in entries]
-
-
-def _anon_huge_kib(array: np.ndarray) -> int:
-    """AnonHugePages of the mapping that holds `array` (/proc/self/smaps)."""
-    at, inside = array.ctypes.data, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= at < hi
-            elif inside and head == "AnonHugePages:":
-                return int(line.split()[1])
-    return 0
 
 
 def test_the_arena_keeps_values_and_layout():
@@ -79,7 +54,7 @@ def test_a_zero_tail_starts_a_huge_page_that_nothing_else_writes():
     tail = wide[:, 576:]
     assert tail.ctypes.data % HUGE_PAGE == 0 and tail.nbytes == tail_bytes
     assert after.ctypes.data >= tail.ctypes.data + HUGE_PAGE, "the tail's huge page is its own"
-    assert not any(_pages_present(tail)), "the zero tail was written: it would stream from memory"
+    assert not any(pages_present(tail)), "the zero tail was written: it would stream from memory"
     assert not tail.any() and (wide[:, :576] == 2).all() and (before == 1).all() and (after == 3).all()
 
 
@@ -138,7 +113,7 @@ def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external)
     assert any(name.endswith("_padded") for name in names), "the padded 576x576 as well"
     for name in names:
         weight = session.graph.initializers[by_name[name]]
-        assert _anon_huge_kib(weight) >= 2048, f"{name} is not in huge pages"
+        assert anon_huge_kib(weight) >= 2048, f"{name} is not in huge pages"
     assert session.graph.initializers[by_name["w_wide"]].flags.c_contiguous
     assert session.graph.initializers[by_name["w_tall"]].flags.f_contiguous
     runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(8),

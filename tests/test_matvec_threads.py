@@ -7,13 +7,13 @@ decode of a SmolLM2-shaped llama."""
 
 from __future__ import annotations
 
-import mmap
 import sys
 
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 from oracles import ort_session, runs_on_one_buffer, tensor
+from pages import pages_present, resident_bytes
 
 import workbench
 import workbench.executor.huge_pages as huge_pages
@@ -39,31 +39,15 @@ def test_which_weights_are_padded_and_to_what_width():
     assert matvec_threads.padded_width(64, 64) is None
 
 
-def _pages_present(region: np.ndarray) -> list[bool]:
-    """For each whole 4 KiB page of a contiguous array, whether the process has it mapped
-    (/proc/self/pagemap bit 63): a page never written nor read has none."""
-    first = -(-region.ctypes.data // mmap.PAGESIZE)
-    last = (region.ctypes.data + region.nbytes) // mmap.PAGESIZE
-    with open("/proc/self/pagemap", "rb") as pagemap:
-        pagemap.seek(first * 8)
-        entries = np.frombuffer(pagemap.read((last - first) * 8), np.uint64)
-    return [bool(e >> np.uint64(63)) for e in entries]
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * mmap.PAGESIZE
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_a_zero_tail_costs_no_memory_when_read():
     """The padding's zero columns are read every product: they must map the kernel's
     shared zero page (in cache, resident nowhere), not zeroed memory of their own."""
-    before = _resident_bytes()
+    before = resident_bytes()
     wide = huge_pages.zero_tail_array((1024, 16384), np.float32, "F")  # 64 MiB
     wide[:, :256] = 1.0  # the first 1 MiB, as a 1024 x 256 weight
     assert wide.sum() == 1024 * 256 and not wide[:, 256:].any()  # every page read
-    grown = _resident_bytes() - before
+    grown = resident_bytes() - before
     assert grown < 8 << 20, f"reading 63 MiB of zero tail made {grown >> 20} MiB resident"
     assert wide.flags.writeable and wide.flags.f_contiguous and wide.dtype == np.float32
 
@@ -106,7 +90,7 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     assert ops.count("Slice") == 2 and ops.count("MatMul") == 3
     wide = session.graph.initializers[session.graph.by_name[padded.result.iloc[0]]]
     if sys.platform.startswith("linux"):  # before anything reads them: no page of the zero columns exists
-        assert not any(_pages_present(wide[:, 576:])), "the zero columns were written: they would stream from memory"
+        assert not any(pages_present(wide[:, 576:])), "the zero columns were written: they would stream from memory"
     assert wide.shape == (576, 801) and not wide[:, 576:].any() and wide.flags.f_contiguous
     assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
         "576x960 is wide: OpenBLAS reads it faster as the file has it"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_session, runs_on_one_buffer
+from test_quant_ops_ort import _pack
 
 import workbench
 from workbench import SessionOptions
@@ -17,18 +18,6 @@ from workbench import SessionOptions
 MS = "com.microsoft"
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
 RUNS = 8
-
-
-def _pack(values: np.ndarray, bits: int) -> np.ndarray:
-    """ints [..., n] < 2**bits -> uint8 [..., ceil(n * bits / 8)], low bits first."""
-    per = 8 // bits
-    pad = (-values.shape[-1]) % per
-    v = np.concatenate([values, np.zeros(values.shape[:-1] + (pad,), values.dtype)], axis=-1)
-    v = v.reshape(values.shape[:-1] + (-1, per)).astype(np.uint8)
-    packed = np.zeros(v.shape[:-1], np.uint8)
-    for i in range(per):
-        packed |= (v[..., i] << (bits * i)).astype(np.uint8)
-    return packed
 
 
 def _weights(rng, prefix: str, K: int, N: int, bits: int, block_size: int, zero_points: str, g_idx: bool):

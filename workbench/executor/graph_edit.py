@@ -8,7 +8,7 @@ nodes get unique names, consistent ids and the shapes the plan needs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +135,36 @@ def drop_orphans(graph: Graph, rewrites: list[Rewrite], release: dict | None,
 
 def producers(graph: Graph) -> dict[int, Node]:
     return {o: n for n in graph.nodes for o in n.outputs if o >= 0}
+
+
+def matmul_weights(graph: Graph) -> Iterator[tuple[int, list[tuple[Node, int]]]]:
+    """(value id, its reads) of each 2-D float initializer that MatMuls alone read, as B,
+    and that is no graph output: the weights the one-token layout rules rewrite. Ids
+    only, so a caller that replaces a weight lets the original go at once."""
+    read_by = readers(graph)
+    outputs = set(graph.outputs)
+    for vid in list(graph.initializers):
+        array = graph.initializers[vid]
+        uses = read_by.get(vid, [])
+        weight = array.ndim == 2 and array.dtype.kind == "f" and vid not in outputs
+        del array
+        if weight and uses and all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses):
+            yield vid, uses
+
+
+def replace_weight(graph: Graph, vid: int, array: np.ndarray, release: dict | None) -> None:
+    """Initializer `vid` of the rewritten graph is `array` from now on; with `release`
+    (the loaded graph's initializers) the last reference to the old one goes too, so its
+    memory (or map) is freed at once."""
+    graph.initializers[vid] = array
+    if release is not None:
+        release.pop(vid, None)
+
+
+def weight_rewrite(rule: str, graph: Graph, vid: int, uses: list[tuple[Node, int]]) -> Rewrite:
+    """The row of a rule that changed a MatMul weight's memory, not its readers."""
+    return Rewrite(rule, tuple(n.name for n, _ in uses), tuple(n.op_type for n, _ in uses),
+                   graph.values[vid].name, 0, 0, kept=True)
 
 
 def unique_name(graph: Graph, base: str, taken: set[str] | None = None) -> str:

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..addresses import address
 from ..ir.graph import Graph
-from .graph_edit import Rewrite, readers
+from .graph_edit import Rewrite, matmul_weights, replace_weight, weight_rewrite
 
 HUGE_PAGE = 2 << 20
 #: chunks are mapped this large (a bigger weight gets a chunk of its own)
@@ -183,21 +183,14 @@ def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) 
     """Rule `huge_pages`: every 2-D float weight only MatMul reads, as B, of at least
     `MIN_BYTES`, in the arena (copied in unless a rule already wrote it there), in its
     own layout. One row per weight."""
-    read_by = readers(graph)
-    outputs = set(graph.outputs)
     rewrites = []
-    for vid in list(graph.initializers):  # ids only: a snapshot of the arrays would keep every original alive
+    for vid, uses in matmul_weights(graph):
         array = graph.initializers[vid]
-        uses = read_by.get(vid, [])
-        if (array.ndim != 2 or array.dtype.kind != "f" or array.nbytes < MIN_BYTES or vid in outputs or not uses
-                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
+        if array.nbytes < MIN_BYTES:
             continue
         if not arena.holds(array):
             order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-            graph.initializers[vid] = arena.copy(array, order)
-            if release is not None:
-                release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
+            replace_weight(graph, vid, arena.copy(array, order), release)
         del array
-        rewrites.append(Rewrite("huge_pages", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
-                                graph.values[vid].name, 0, 0, kept=True))
+        rewrites.append(weight_rewrite("huge_pages", graph, vid, uses))
     return rewrites

@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from ..ir.graph import Graph
-from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers
+from .graph_edit import Rewrite, add_initializer, add_value, make_node, matmul_weights
 from .huge_pages import new_weight
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
@@ -86,14 +86,10 @@ def padded_width(rows: int, cols: int) -> int | None:
 def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
     if not openblas_threads_available():
         return []
-    read_by = readers(graph)
-    outputs = set(graph.outputs)
     rewrites: list[Rewrite] = []
-    for vid in list(graph.initializers):
+    for vid, uses in matmul_weights(graph):
         array = graph.initializers[vid]
-        uses = read_by.get(vid, [])
-        if (array.ndim != 2 or array.dtype != np.float32 or vid in outputs or not uses
-                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)):
+        if array.dtype != np.float32:
             continue
         rows, cols = array.shape
         width = padded_width(rows, cols)

@@ -40,7 +40,7 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
-from .graph_edit import Rewrite, copy_graph, read_values, readers
+from .graph_edit import Rewrite, copy_graph, matmul_weights, read_values, replace_weight, weight_rewrite
 from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, new_weight, placing_weights
 from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
@@ -166,25 +166,17 @@ def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> 
     same bits whether its weights are embedded or in external data (both are relaid).
     On the cpu backend with a multithreaded OpenBLAS a wide weight stays row-major, which
     that sgemv reads faster (`keeps_row_major`)."""
-    read_by = readers(graph)
-    outputs = set(graph.outputs)
     rewrites = []
-    for vid in list(graph.initializers):  # ids only: a snapshot of the arrays would keep every original alive
+    for vid, uses in matmul_weights(graph):
         array = graph.initializers[vid]
-        uses = read_by.get(vid, [])
-        if (array.ndim != 2 or array.dtype not in (np.float32, np.float64) or vid in outputs or not uses
-                or array.shape[0] < 2 or array.shape[1] < 2 or array.flags.f_contiguous
-                or not all(n.op_type == "MatMul" and not n.domain and pos == 1 for n, pos in uses)
-                or matvec_order(*array.shape, backend) == "C"):
+        if (array.dtype not in (np.float32, np.float64) or array.shape[0] < 2 or array.shape[1] < 2
+                or array.flags.f_contiguous or matvec_order(*array.shape, backend) == "C"):
             continue
         relaid = new_weight(array.shape, array.dtype, "F")
         relaid[...] = array
-        graph.initializers[vid] = relaid
-        if release is not None:
-            release.pop(vid, None)  # the last reference to the original: its memory (or map) goes now
         del array
-        rewrites.append(Rewrite("matvec_layout", tuple(n.name for n, _ in uses), tuple("MatMul" for _ in uses),
-                                graph.values[vid].name, 0, 0, kept=True))
+        replace_weight(graph, vid, relaid, release)
+        rewrites.append(weight_rewrite("matvec_layout", graph, vid, uses))
     return rewrites
 
 
