@@ -583,7 +583,6 @@ class Executor(DecodeMemoSteps):
         return run
 
 
-
 def copy_launch(ins: list, outs: list) -> tuple:
     """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
     outs[0][...] = ins[0]

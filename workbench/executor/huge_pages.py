@@ -79,7 +79,7 @@ class WeightArena:
 
     def __init__(self) -> None:
         self._chunks: list[tuple[int, int]] = []  # (first address, end address) of each chunk's usable span
-        self._memory: np.ndarray | None = None  # the current chunk's usable span, as bytes
+        self._memory: _Span | None = None  # the current chunk's usable span
         self._used = 0
         self._zero_page = _zero_page_on_read()
 

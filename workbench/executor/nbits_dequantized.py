@@ -28,23 +28,23 @@ import numpy as np
 from ..errors import KernelError
 from ..ir.graph import Graph, Node
 from ..ops.contrib_quant import CACHE_LIMIT_ELEMENTS, dequantize_nbits, nbits_layout, uses_int8_compute
-from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers
+from .graph_edit import Rewrite, add_initializer, add_value, make_node
 from .plan import node_info
 
 _F32 = np.dtype(np.float32)
 
 
-def dequantize_nbits_weights(graph: Graph, release: dict | None) -> list[Rewrite]:
+def dequantize_nbits_weights(graph: Graph) -> list[Rewrite]:
     rewrites = []
     for node in list(graph.nodes):
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
-            rewrite = _as_matmul(graph, node, release)
+            rewrite = _as_matmul(graph, node)
             if rewrite is not None:
                 rewrites.append(rewrite)
     return rewrites
 
 
-def _as_matmul(graph: Graph, node: Node, release: dict | None) -> Rewrite | None:
+def _as_matmul(graph: Graph, node: Node) -> Rewrite | None:
     inputs = tuple(node.inputs) + (-1,) * (6 - len(node.inputs))
     a, b, scales, zero_points, g_idx, bias = inputs[:6]
     consts = graph.initializers
@@ -70,18 +70,6 @@ def _as_matmul(graph: Graph, node: Node, release: dict | None) -> Rewrite | None
                     make_node(graph, f"{node.name}/bias", "Add", [product, bias], [y])]
     at = next(i for i, n in enumerate(graph.nodes) if n is node)
     graph.nodes[at:at + 1] = replaced
-    freed = _drop_unread(graph, (b, scales, zero_points, g_idx), release)
+    # the packed inputs, read by nothing now, go with optimize's unused-initializer pass
     return Rewrite("nbits_dequantized", (node.name,), ("MatMulNBits",), graph.values[w_id].name,
-                   1 - len(replaced), graph.initializers[w_id].nbytes - freed, kept=True)
-
-
-def _drop_unread(graph: Graph, vids: tuple[int, ...], release: dict | None) -> int:
-    """Drop the quantized inputs nothing reads any more; the bytes freed."""
-    read = readers(graph)
-    freed = 0
-    for vid in vids:
-        if vid >= 0 and vid in graph.initializers and not read.get(vid):
-            freed += graph.initializers.pop(vid).nbytes
-            if release is not None:
-                release.pop(vid, None)
-    return freed
+                   1 - len(replaced), graph.initializers[w_id].nbytes, kept=True)

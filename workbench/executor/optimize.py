@@ -77,13 +77,14 @@ def optimize(graph: Graph, level: str, *, release: bool = False,
     out = copy_graph(graph)
     rewrites = _fold_constants(out)
     rewrites += _drop_dead_nodes(out)
-    rewrites += _drop_unused_initializers(out)
     released = graph.initializers if release else None
+    rewrites += _drop_unused_initializers(out, released)
     # the weights level "all" writes for numpy's BLAS go straight into huge pages
     arena = WeightArena() if level == "all" and backend == "cpu" and huge_pages_available() else None
     with placing_weights(arena):
         if level == "all":  # before the MatMul rules, which then take these products too
-            rewrites += dequantize_nbits_weights(out, released)
+            rewrites += dequantize_nbits_weights(out)
+            rewrites += _drop_unused_initializers(out, released)  # the packed weights they read
         if level in ("extended", "all"):
             rewrites += fuse(out, released, level)
         if level == "all":
@@ -192,12 +193,14 @@ def _drop_dead_nodes(graph: Graph) -> list[Rewrite]:
         rewrites += [Rewrite("dead_node", (n.name,), (n.op_type,), "", 1, 0) for n in dead]
 
 
-def _drop_unused_initializers(graph: Graph) -> list[Rewrite]:
+def _drop_unused_initializers(graph: Graph, release: dict | None) -> list[Rewrite]:
     read = read_values(graph)
     unused = [vid for vid in graph.initializers if vid not in read]
     rewrites = []
     for vid in unused:
         array = graph.initializers.pop(vid)
+        if release is not None:
+            release.pop(vid, None)  # the loaded graph's reference too: its memory goes now
         rewrites.append(Rewrite("unused_initializer", (), (), graph.values[vid].name, 0, -array.nbytes))
     return rewrites
 
