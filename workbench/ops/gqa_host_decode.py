@@ -69,11 +69,12 @@ def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_r
     """The present caches after one decode step (numpy): the new K/V rows written at
     `pos` of a buffer shared with the past, or past rows 0..pos-1, the new row and
     zeros after it in a present of its own (a growing cache's: exactly the past, then
-    the new row, one concatenation). Into `outs[1:3]` where given."""
+    the new row: two slice copies, which take 0.7 of a concatenation's time on these
+    small caches once the step's weight stream has left numpy's code out of cache).
+    Into `outs[1:3]` where given."""
     present_len = present_shape[2]
     kept = min(past_key.shape[2], present_len, pos)
     appended = kept == past_key.shape[2] == pos == present_len - 1  # a growing cache
-    row_shape = (1, present_shape[1], 1, present_shape[3])
     presents = []
     for out, past, row, same in ((outs[1], past_key, k_row, shared[0]), (outs[2], past_value, v_row, shared[1])):
         if same:
@@ -82,7 +83,8 @@ def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_r
             if out is None:
                 out = np.empty(present_shape, dtype=past.dtype)
             if appended:
-                np.concatenate((past, row.reshape(row_shape)), axis=2, out=out)
+                out[:, :, :pos] = past
+                out[0, :, pos] = row
             else:
                 out[:, :, :kept] = past[:, :, :kept]
                 out[:, :, kept:] = 0
