@@ -221,6 +221,48 @@ def test_gqa_host_position_path_on_a_growing_cache_vs_onnxruntime(monkeypatch, q
     assert prepared.calls == RUNS
 
 
+@pytest.mark.parametrize("caches", ["handed back", "views"])
+def test_gqa_growing_cache_fed_back_as_a_decode_loop_does_vs_onnxruntime(monkeypatch, caches):
+    """A growing decode loop feeds each step's presents back as the next past: arrays of
+    their own, one row longer every step, which the kernel recognises without its full
+    cache checks. Pasts that are views of wider buffers (memory not their own) take the
+    full checks instead. Either way every run agrees with onnxruntime, given copies."""
+    served = []
+    real = gqa_host_decode.HostDecode.run
+
+    def spy(plan, inputs, outs, present_shape, shared, window):
+        served.append(shared is contrib_attention.NOT_SHARED)
+        return real(plan, inputs, outs, present_shape, shared, window)
+    monkeypatch.setattr(gqa_host_decode.HostDecode, "run", spy)
+    model, _ = _growing_gqa_session(6, 2, 16, 32, "split")
+    # an input of the present's length (as a decode model's attention mask) names it, so
+    # the executor allocates the presents before the call, as in a real model
+    model.graph.input.append(_tensor("attention_mask", [1, "total"], TensorProto.INT64))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(21)
+    x = np.empty((1, 1, 32), np.float32)
+    past_key, past_value = (rng.standard_normal((1, 2, 3, 16)).astype(np.float32) for _ in range(2))
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        if caches == "views":  # the same values, in memory borrowed from a wider array
+            past_key, past_value = (np.concatenate([a, a], axis=-1)[..., :16] for a in (past_key, past_value))
+        length = past_key.shape[2]
+        feeds = {"x": x, "past_key": past_key, "past_value": past_value,
+                 "seqlens_k": np.array([length], np.int32), "total_sequence_length": np.array(length + 1, np.int32),
+                 "attention_mask": np.ones((1, length + 1), np.int64)}
+        want = oracle.run(None, {k: np.array(v) for k, v in feeds.items()})
+        got = session.run(None, feeds)
+        for i, what in enumerate(("attention output", "present_key", "present_value")):
+            _close(got[i], want[i], run, what)
+        past_key, past_value = got[1], got[2]
+    assert len(served) == RUNS
+    # from the fourth step the decode-plan memo allocates the presents before the call
+    # (before, the kernel makes its own): from then on, a growing cache's every call
+    assert served[3:] == [caches == "handed back"] * (RUNS - 3)
+    assert caches == "handed back" or not any(served)
+
+
 def _two_layer_gqa_model(*, heads=4, kv_heads=2, head=16, capacity=24, max_pos=64):
     """Two GroupQueryAttention layers alike but for their projections, sharing the cos/sin
     initializers (so their kernels match in every key but the node), fixed caches."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..addresses import SameArrays, address
+from ..addresses import SameArrays, address, items_at
 from ..errors import KernelError
 from .contrib import (
     F16,
@@ -298,6 +298,9 @@ def _overlap(a: Any, b: Any) -> bool:
 _GQA_INPUTS = 17
 _I_TOTAL = 6
 
+#: `write_presents`' flags for a present in a buffer of its own, key's and value's
+NOT_SHARED = (False, False)
+
 #: GroupQueryAttention's one-token decode fast path (numpy backend); tests switch it off
 #: to compare it with the general path
 DECODE_FAST_PATH = True
@@ -467,11 +470,15 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if kept is not None:
             setup, plan = kept
         else:
-            # the position inputs are not among these: computed in the graph, they may be new arrays
-            fixed_inputs, fixed_outs = inputs[:3] + inputs[7:9] + inputs[10:], outs[:1] + outs[3:]
+            fixed_in, fixed_out = fixed_arrays(len(inputs), len(outs))
+            fixed_inputs, fixed_outs = fixed_in(inputs), fixed_out(outs)
             fixed = steady.kept_for(fixed_inputs, fixed_outs)
             if fixed is not None:
                 head_size, plan = fixed
+                if plan and grown(inputs, outs, head_size, plan.out.dtype):
+                    checked.keep(inputs, outs, None)  # nothing of a growing cache's call is kept
+                    present_shape = (1, kv_num_heads, inputs[3].shape[2] + 1, head_size)
+                    return plan.run(inputs, outs, present_shape, NOT_SHARED, local_window)
             else:
                 head_size = steady_head_size(inputs, outs)
                 plan = host_plan(inputs, outs, head_size) if head_size and plain_host else None
@@ -489,6 +496,37 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if plan:
             return plan.run(inputs, outs, setup[3], setup[4], local_window)
         return decode_with(inputs, outs, *setup[:-1])
+
+    getters: dict = {}  # (inputs, outputs) -> items_at of the arrays `steady` is kept for
+
+    def fixed_arrays(n_in: int, n_out: int) -> tuple:
+        """Getters of the arrays other than the caches and the position inputs (computed
+        in the graph, those may be new arrays every step), one C call each."""
+        found = getters.get((n_in, n_out))
+        if found is None:
+            found = getters[(n_in, n_out)] = (items_at([0, 1, 2, *range(7, min(n_in, 9)), *range(10, n_in)]),
+                                              items_at([0, *range(3, n_out)]))
+        return found
+
+    def grown(inputs: list, outs: list, head_size: int, dtype: np.dtype) -> bool:
+        """Whether the caches are a growing cache's, as its decode loop and the executor
+        hand them over: past key and value (1, kv heads, L, head), presents one row
+        longer, all four of `dtype` and each owning its memory (so none shares or
+        overlaps another). `cache_setup` then finds (L, L + 1, not shared), without
+        reading an address."""
+        past_key, past_value = inputs[3], inputs[4]
+        out_k, out_v = outs[1], outs[2]
+        if (type(past_key) is not np.ndarray or type(past_value) is not np.ndarray
+                or type(out_k) is not np.ndarray or type(out_v) is not np.ndarray
+                or past_key.base is not None or past_value.base is not None
+                or out_k.base is not None or out_v.base is not None
+                or past_key is past_value or out_k is out_v or inputs[5].size != 1):
+            return False
+        shape = past_key.shape
+        present = (1, kv_num_heads, shape[2] + 1, head_size) if len(shape) == 4 else None
+        return (shape == (1, kv_num_heads, shape[2], head_size) == past_value.shape
+                and out_k.shape == present == out_v.shape
+                and past_key.dtype == past_value.dtype == out_k.dtype == out_v.dtype == dtype)
 
     def host_plan(inputs: list, outs: list, head_size: int) -> HostDecode | None:
         """The prepared numpy call for these arrays (no attention bias or head sink), or None."""
