@@ -116,3 +116,36 @@ def test_release_dead_values_lowers_the_resident_peak():
     assert freed < kept
     released = free.recording.buffer_events().query("event == 'release'")
     assert len(released) > 0
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_view_that_must_copy_owns_its_bytes_each_step_vs_onnxruntime(capture):
+    """Reshape of a transposed view cannot alias: its output owns a copy, the
+    Transpose's stays a view. The executor shares the storage plan's owners until a
+    layout node changes one (then copies them for that step): every step's liveness
+    says so, the plan's own owners are never changed, and each of 8 runs (one input
+    buffer, new contents) agrees with onnxruntime."""
+    from onnx import helper
+    from oracles import ort_session, runs_on_one_buffer, tensor
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["flat"]),
+             helper.make_node("Neg", ["flat"], ["y"])]
+    graph = helper.make_graph(nodes, "copying_view", [tensor("x", [2, 3, 4])], [tensor("y", [2, 12])],
+                              [helper.make_tensor("shape", 7, [2], [2, 12])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = workbench.InferenceSession(model, SessionOptions(capture=capture))
+    planned = None
+    values = {v.name: v.id for v in session.graph.values}
+    for run, _, got, want in runs_on_one_buffer(session, ort_session(model), (2, 3, 4), 8,
+                                                np.random.default_rng(5)):
+        np.testing.assert_array_equal(got, want, err_msg=f"run {run}")
+        storage = session.executor.state.storage
+        planned = planned or dict(storage.owner)
+        assert storage.owner == planned, "a step changed the storage plan's owners"
+    live = session.recording.liveness().set_index(["step", "value"])
+    for step in session.recording.steps().step:
+        assert live.loc[(step, "t"), "storage"] == "view"
+        assert live.loc[(step, "flat"), "storage"] == "owner" and live.loc[(step, "flat"), "bytes"] == 96
+    assert planned[values["flat"]] != values["flat"], "the plan expected a view: nothing was copied"

@@ -59,6 +59,9 @@ class CapturedGraph:
     buffers: list = field(default_factory=list)
     #: (the dispatch list, its output-slot lists, slots, buffers) of the last check passed
     _checked: tuple | None = field(default=None, repr=False)
+    #: value id -> owner, for each value the segment defines whose owner is not the
+    #: storage plan's (a layout node that had to copy): every replay restores it
+    owners: dict[int, int] = field(default_factory=dict)
 
     def buffers_current(self, dispatch: list) -> bool:
         """Whether every node of `dispatch` still writes where the launches do. The

@@ -163,8 +163,10 @@ class CaptureRunner:
                 outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
                            if o is not None]
+                planned = ex.state.storage.owner
+                owners = {vid: ex.owner_of(vid) for vid in outputs if ex.owner_of(vid) != planned.get(vid, vid)}
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs,
-                                                      time.perf_counter() - t0, buffers)
+                                                      time.perf_counter() - t0, buffers, owners=owners)
                 if rec is not None:
                     rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
                                 reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
@@ -211,6 +213,8 @@ class CaptureRunner:
                                           f"launch: {type(error).__name__}: {error}")
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
+            for vid, owner in captured.owners.items():  # what the recorded launches copied
+                ex.set_owner(vid, owner)
             self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
                 duration = ex.backend.stop_timer(timer)  # the replayed kernels' device time

@@ -238,7 +238,8 @@ class Executor(DecodeMemoSteps):
         resolve_s = time.perf_counter() - t_start
         released: dict[int, int] = {}
         pinned: set[int] = set()
-        self._owners = dict(self.state.storage.owner)  # views that had to copy become owners
+        # the storage plan's owners, shared until a layout node's output needs another (`set_owner`)
+        self._owners = self.state.storage.owner
         self._owner_address: dict[int, int] = {}
         self._observed = observed = {}
         self._view_plan_stale = False
@@ -453,7 +454,7 @@ class Executor(DecodeMemoSteps):
         """A layout op's result: a zero-copy view of its input's owner, or a materialised copy."""
         if is_view_of(r, source):
             owner = self._owners.get(p.inputs[0], p.inputs[0])
-            self._owners[vid] = owner
+            self.set_owner(vid, owner)
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:
@@ -468,10 +469,23 @@ class Executor(DecodeMemoSteps):
                 rec.view(vid, owner, *geometry, p.index)
             return r
         r = self._adopt(p, vid, r, bindings)
-        self._owners[vid] = vid
+        self.set_owner(vid, vid)  # a view that had to copy owns its bytes
         if rec is not None and hasattr(r, "nbytes"):
             rec.materialize(p.index, vid, r.nbytes, "layout op could not alias its input")
         return r
+
+    def owner_of(self, vid: int) -> int:
+        """This run's owner of `vid` (the value itself where it owns its bytes)."""
+        return self._owners.get(vid, vid)
+
+    def set_owner(self, vid: int, owner: int) -> None:
+        """Make `owner` this run's owner of `vid`: the storage plan's dict is copied at
+        the first change, so a step whose views all alias as planned copies nothing."""
+        owners = self._owners
+        if owners.get(vid) != owner:
+            if owners is self.state.storage.owner:
+                owners = self._owners = dict(owners)
+            owners[vid] = owner
 
     def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
         """One row per value of the storage plan (see `liveness_rows`)."""

@@ -339,7 +339,7 @@ class DecodeMemoSteps:
         verify = self.options.decode_memo_verify
         if verify:
             fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
-        owners, views = self._owners, plan.views
+        views = plan.views
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -349,7 +349,7 @@ class DecodeMemoSteps:
                     and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
                 raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
             env[vid] = view
-            owners[vid] = owner
+            self.set_owner(vid, owner)
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:
