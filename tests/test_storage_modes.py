@@ -146,3 +146,25 @@ def _chain_model():
              helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Sin", ["c"], ["y"])]
     return helper.make_model(helper.make_graph(nodes, "chain", [x], [y]),
                              opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_each_eager_step_records_the_in_place_writes_of_the_storage_plan_vs_onnxruntime(capture):
+    """Exp -> Neg -> Tanh -> Sin: Neg and Tanh write in place of their inputs. Each
+    eager step records exactly those two aliases (the dispatch keeps the pairs from
+    the storage plan), and each of 8 runs on one input buffer with new contents
+    agrees with onnxruntime."""
+    from oracles import ort_session, runs_on_one_buffer
+
+    model = _chain_model()
+    session = workbench.InferenceSession(model, SessionOptions(capture=capture))
+    names = {v.id: v.name for v in session.graph.values}
+    for run, _, got, want in runs_on_one_buffer(session, ort_session(model), (4,), 8, np.random.default_rng(2)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"run {run}")
+    rec = session.recording
+    aliases = rec.aliases()
+    eager = set(rec.node_timings().query("mode == 'eager'").step)
+    assert eager and (capture or len(eager) == 8)
+    for step in eager:
+        pairs = {(names[a.value_id], names[a.into_id]) for a in aliases[aliases.step == step].itertuples()}
+        assert pairs == {("b", "a"), ("c", "b")}, f"step {step}"

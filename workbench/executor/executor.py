@@ -43,6 +43,8 @@ class _Dispatch:
     view: bool  # may return a zero-copy view of input 0
     release: tuple  # owner ids whose storage dies after this node
     contiguous: tuple  # input positions the kernel needs C-contiguous
+    skippable: bool  # an If that may be skipped (`PlanNode.skippable_if`)
+    alias: tuple | None  # (output id, input id) the node writes in place of, for the trace
 
 
 class Executor(DecodeMemoSteps):
@@ -200,6 +202,8 @@ class Executor(DecodeMemoSteps):
                 p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
                 release=tuple(sp.release_after.get(p.index, ())),
                 contiguous=p.spec.contiguous_inputs,
+                skippable=p.skippable_if,
+                alias=in_place_pair(p, sp.in_place.get(p.index)),
             ))
 
     # -- running --------------------------------------------------------------------
@@ -351,7 +355,7 @@ class Executor(DecodeMemoSteps):
                        released: dict[int, int], pinned: set[int], graph: Any = None) -> None:
         p = d.p
         ins = [env[i] if i >= 0 else None for i in p.inputs]
-        if p.skippable_if and not self.jit_only and self.skip_unchanged_if \
+        if d.skippable and not self.jit_only and self.skip_unchanged_if \
                 and self._if_unchanged(p, ins[0], env):
             self._skipped_ifs.append(p.index)
             if rec is not None:
@@ -417,9 +421,8 @@ class Executor(DecodeMemoSteps):
             if not d.view or any(o is not None for o in slots):
                 # every replay passes these very arrays: a kernel's checks of them are made once, here
                 self.backend.record(graph, replay_kernel(p.fn, ins, slots), ins, slots)
-        if rec is not None and p.index in self.state.storage.in_place:
-            slot, pos = self.state.storage.in_place[p.index]
-            rec.alias(p.outputs[slot], p.inputs[pos], p.index)
+        if rec is not None and d.alias is not None:
+            rec.alias(*d.alias, p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
 
@@ -595,6 +598,14 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+
+def in_place_pair(p: PlanNode, slot_and_position: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(output id, input id) of a node the storage plan has write in place of an input."""
+    if slot_and_position is None:
+        return None
+    slot, pos = slot_and_position
+    return p.outputs[slot], p.inputs[pos]
 
 
 def copy_launch(ins: list, outs: list) -> tuple:
