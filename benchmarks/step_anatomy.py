@@ -16,7 +16,8 @@ data as well as the step's small arrays. Each small kernel between two products
 back-to-back call finds in cache: measured 2-3x its hot time. onnxruntime's C++
 kernels touch far fewer lines per call, which is most of why the non-product part of
 its step is several times shorter, while the products themselves run within a few
-percent of each other.
+percent of each other (SmolLM2's 121 products alone, chained, when this was written:
+numpy with workbench's weight layouts 22.8 ms, onnxruntime 21.9 ms).
 
 Usage: python benchmarks/step_anatomy.py [--tokens 24] [--kv growing|fixed]
 """
