@@ -466,3 +466,33 @@ def test_node_span_reads_as_one_node_row_each_in_order():
     assert list(spanned.events()) == list(one_by_one.events())
     spanned.node_span([3], "replayed", 1e-6)  # emitted after a read: laid out on the next read
     assert spanned.node_timings()["plan_index"].tolist()[-1] == 3
+
+
+def test_buffer_and_view_spans_are_the_rows_of_single_calls():
+    """A replayed segment hands its pins and views over as one span each: every table,
+    and the events in emission order, are what one `buffer` / `view` call per row in
+    the same order gives, across steps and between other events."""
+    pins = (("pin", 3, 0, 1), ("pin", 7, 0, 4))
+    views = ((4, 3, (2, 4), (4, 1), 0, 1), (5, 3, (4, 2), (1, 4), 0, 2), (8, 7, (8,), (1,), 16, 4))
+    spans, singles = Recording(), Recording()
+    for step in range(3):
+        for r in (spans, singles):
+            r.begin_step(phase="decode")
+            r.node(0, "eager", 1e-6)
+        spans.buffer_span(pins[step % 2:])
+        spans.view_span(views)
+        for row in pins[step % 2:]:
+            singles.buffer(*row)
+        for row in views:
+            singles.view(*row)
+        for r in (spans, singles):
+            r.node_span([1, 2, 4], "replayed", 3e-6)
+            r.buffer("alloc", 9, 64, 5)
+            r.end_step(1e-3)
+    spans.buffer_span(())  # nothing: no rows, no events
+    spans.view_span(())
+    assert spans.n_events == singles.n_events
+    for frame in ("buffer_events", "views", "node_timings"):
+        pd.testing.assert_frame_equal(getattr(spans, frame)(), getattr(singles, frame)())
+    assert list(spans.events()) == list(singles.events())
+    assert len(spans.views()) == 9 and (spans.buffer_events().event == "pin").sum() == 5

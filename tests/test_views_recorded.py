@@ -121,10 +121,11 @@ def test_release_dead_values_lowers_the_resident_peak():
 @pytest.mark.parametrize("capture", [False, True])
 def test_a_view_that_must_copy_owns_its_bytes_each_step_vs_onnxruntime(capture):
     """Reshape of a transposed view cannot alias: its output owns a copy, the
-    Transpose's stays a view. The executor shares the storage plan's owners until a
-    layout node changes one (then copies them for that step): every step's liveness
-    says so, the plan's own owners are never changed, and each of 8 runs (one input
-    buffer, new contents) agrees with onnxruntime."""
+    Transpose's stays a view pinning its source. The executor shares the storage plan's
+    owners until a layout node changes one (then copies them for that step). Every
+    step, eager or replayed, records so (liveness, the view row, the pin), the plan's
+    own owners are never changed, and each of 8 runs (one input buffer, new contents)
+    agrees with onnxruntime."""
     from onnx import helper
     from oracles import ort_session, runs_on_one_buffer, tensor
 
@@ -144,8 +145,15 @@ def test_a_view_that_must_copy_owns_its_bytes_each_step_vs_onnxruntime(capture):
         storage = session.executor.state.storage
         planned = planned or dict(storage.owner)
         assert storage.owner == planned, "a step changed the storage plan's owners"
-    live = session.recording.liveness().set_index(["step", "value"])
-    for step in session.recording.steps().step:
-        assert live.loc[(step, "t"), "storage"] == "view"
+    rec = session.recording
+    live = rec.liveness().set_index(["step", "value"])
+    views = rec.views()
+    pins = rec.buffer_events().query("event == 'pin'")
+    for step in rec.steps().step:
+        assert live.loc[(step, "t"), "storage"] == "view" and live.loc[(step, "r"), "pinned"]
         assert live.loc[(step, "flat"), "storage"] == "owner" and live.loc[(step, "flat"), "bytes"] == 96
+        assert list(views[views.step == step].value) == ["t"], f"step {step}"
+        assert list(pins[pins.step == step].value_id) == [values["r"]], f"step {step}"
+    if capture:
+        assert (rec.node_timings()["mode"] == "replayed").any(), "no step replayed a captured segment"
     assert planned[values["flat"]] != values["flat"], "the plan expected a view: nothing was copied"

@@ -62,6 +62,9 @@ class CapturedGraph:
     #: value id -> owner, for each value the segment defines whose owner is not the
     #: storage plan's (a layout node that had to copy): every replay restores it
     owners: dict[int, int] = field(default_factory=dict)
+    #: (value, owner, shape, strides, byte offset, plan index) of each zero-copy view the
+    #: segment defines, as recorded: every replay restores the view, which pins its owner
+    views: tuple = ()
 
     def buffers_current(self, dispatch: list) -> bool:
         """Whether every node of `dispatch` still writes where the launches do. The
@@ -89,6 +92,9 @@ class SlotCapture:
     captures: int = 0
     replays: int = 0
     retires: int = 0
+    #: ((captures, retires, segments replayed), views, pin rows, owners) of the last
+    #: replay's zero-copy views (`CaptureRunner._replayed_views`)
+    replayed_views: tuple | None = None
 
     @property
     def installed(self) -> bool:

@@ -165,8 +165,11 @@ class CaptureRunner:
                            if o is not None]
                 planned = ex.state.storage.owner
                 owners = {vid: ex.owner_of(vid) for vid in outputs if ex.owner_of(vid) != planned.get(vid, vid)}
-                cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs,
-                                                      time.perf_counter() - t0, buffers, owners=owners)
+                observed = ex.observed_views()
+                views = tuple((vid, *observed[vid][1:], k) for k in seg.nodes
+                              for vid in ex.plan.nodes[k].outputs if vid in observed)
+                cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs, time.perf_counter() - t0,
+                                                      buffers, owners=owners, views=views)
                 if rec is not None:
                     rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
                                 reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
@@ -197,6 +200,7 @@ class CaptureRunner:
     def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
         ex = self.ex
         env = ex.env
+        replayed = []
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
@@ -204,17 +208,20 @@ class CaptureRunner:
             captured = cap.graphs[seg.index]
             why = self._stale(captured, seg)
             if why is not None:
+                self._replayed_views(cap, replayed, rec)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, *why)
             timer = ex.backend.start_timer() if rec is not None else None
             try:
                 ex.backend.launch(captured.graph)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
+                self._replayed_views(cap, replayed, rec)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
             for vid, owner in captured.owners.items():  # what the recorded launches copied
                 ex.set_owner(vid, owner)
+            replayed.append(captured)
             self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
                 duration = ex.backend.stop_timer(timer)  # the replayed kernels' device time
@@ -222,9 +229,26 @@ class CaptureRunner:
                 rec.add_row("capture_events", slot=slot, segment=seg.index, event="replay",
                             reason="binding signature unchanged", duration_s=duration)
         cap.replays += 1
+        self._replayed_views(cap, replayed, rec)
         if rec is not None:
             self._emit_segments(rec, slot, cap, "replayed")
         return "replay"
+
+    def _replayed_views(self, cap: SlotCapture, replayed: list[CapturedGraph], rec: Any) -> None:
+        """The zero-copy views the replayed segments restored, at once: each pins its
+        owner, and the trace gets the pin and view rows an eager step would give. Worked
+        out once for as long as the same graphs replay (`SlotCapture.replayed_views`)."""
+        key = (cap.captures, cap.retires, len(replayed))
+        kept = cap.replayed_views
+        if kept is None or kept[0] != key:
+            views = tuple(view for captured in replayed for view in captured.views)
+            first: dict[int, int] = {}
+            for view in views:
+                first.setdefault(view[1], view[-1])
+            kept = cap.replayed_views = (key, views, tuple(("pin", owner, 0, k) for owner, k in first.items()),
+                                         frozenset(first))
+        if kept[1]:
+            self.ex.replay_views(*kept[1:], rec)
 
     def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
         ex = self.ex

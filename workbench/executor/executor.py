@@ -241,7 +241,7 @@ class Executor(DecodeMemoSteps):
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         resolve_s = time.perf_counter() - t_start
         released: dict[int, int] = {}
-        pinned: set[int] = set()
+        self._pinned = pinned = set()  # owners a view of this step references
         # the storage plan's owners, shared until a layout node's output needs another (`set_owner`)
         self._owners = self.state.storage.owner
         self._owner_address: dict[int, int] = {}
@@ -476,6 +476,23 @@ class Executor(DecodeMemoSteps):
         if rec is not None and hasattr(r, "nbytes"):
             rec.materialize(p.index, vid, r.nbytes, "layout op could not alias its input")
         return r
+
+    def observed_views(self) -> dict[int, tuple]:
+        """The zero-copy views this run's layout nodes made: value id -> (array, owner,
+        shape, strides in elements, byte offset from the owner)."""
+        return self._observed
+
+    def replay_views(self, views: tuple, pins: tuple, owners: frozenset, rec: Any) -> None:
+        """Zero-copy views a captured replay restored (rows as `Recording.view` takes
+        them), with the pin rows of their `owners`: each owner is pinned this step, and
+        the trace gets the pin and view rows an eager step's layout nodes would give."""
+        pinned = self._pinned
+        if not pinned.isdisjoint(owners):
+            pins = tuple(row for row in pins if row[1] not in pinned)
+        pinned |= owners
+        if rec is not None:
+            rec.buffer_span(pins)
+            rec.view_span(views)
 
     def owner_of(self, vid: int) -> int:
         """This run's owner of `vid` (the value itself where it owns its bytes)."""

@@ -350,6 +350,7 @@ class DecodeMemoSteps:
                 raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
             env[vid] = view
             self.set_owner(vid, owner)
+            self._observed[vid] = views[vid]  # a segment recorded now replays this view too
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:

@@ -149,11 +149,26 @@ class _NodeSpan:
         return [(step, k, mode, share) for k in self.plan_indices]
 
 
+class _RowSpan:
+    """Rows emitted again at a later step (a replayed segment's views and pins), kept as
+    one entry until the table is laid out: each of `rows` with `step` in front."""
+
+    __slots__ = ("step", "rows")
+
+    def __init__(self, step: int, rows: tuple) -> None:
+        self.step, self.rows = step, rows
+
+    def expand(self) -> list[tuple]:
+        step = self.step
+        return [(step, *row) for row in self.rows]
+
+
 class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
     Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
-    `buffer`, `view`, `alias`, `materialize`, `liveness`, `end_step`, `add_row`, `add_rows`.
+    `node_span`, `buffer`, `buffer_span`, `view`, `view_span`, `alias`, `materialize`,
+    `liveness`, `end_step`, `add_row`, `add_rows`.
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
     `materializations`, `memory_summary`, `memory_plan`, `table`, `tables`, `events`,
@@ -184,7 +199,7 @@ class Recording:
         """The built-in tables, column by column (pending rows laid out first)."""
         if self._lv_pending:
             self._flush_liveness()
-        if self._ne_spans:
+        if self._spans:
             self._expand_spans()
         for name, rows in self._pending.items():
             if rows:
@@ -195,15 +210,19 @@ class Recording:
         return self._tables
 
     def _expand_spans(self) -> None:
-        """Node rows of replayed segments, stored as one `_NodeSpan` each, in place."""
-        rows, expanded = self._ne, []
-        for row in rows:
-            if type(row) is _NodeSpan:
-                expanded.extend(row.rows())
-            else:
-                expanded.append(row)
-        rows[:] = expanded
-        self._ne_spans = 0
+        """Rows of replayed segments, stored as one `_NodeSpan` or `_RowSpan` each, in place."""
+        for rows in (self._ne, self._bu, self._vi):
+            expanded = []
+            for row in rows:
+                kind = type(row)
+                if kind is _NodeSpan:
+                    expanded.extend(row.rows())
+                elif kind is _RowSpan:
+                    expanded.extend(row.expand())
+                else:
+                    expanded.append(row)
+            rows[:] = expanded
+        self._spans = 0
 
     def _flush_liveness(self) -> None:
         pending, self._lv_pending = self._lv_pending, []
@@ -227,7 +246,7 @@ class Recording:
         self._pending: dict[str, list[tuple]] = {
             name: [] for name in ("node_exec", "buffer", "view", "alias", "materialize")}
         self._ne, self._bu, self._vi, self._al, self._ma = self._pending.values()
-        self._ne_spans = 0  # `_NodeSpan` entries among the node rows
+        self._spans = 0  # `_NodeSpan` and `_RowSpan` entries among the pending rows
 
     # ------------------------------------------------------------------ emission
 
@@ -277,12 +296,30 @@ class Recording:
             return
         self._order.extend([CODE_NODE] * n)
         self._ne.append(_NodeSpan(self._step, tuple(plan_indices), mode, duration_s / n))
-        self._ne_spans += 1
+        self._spans += 1
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
         self._order.append(CODE_BUFFER)
         self._bu.append((self._step, event, value_id, nbytes, plan_index))
+
+    def buffer_span(self, rows: tuple) -> None:
+        """Many buffer events of this step, each (event, value_id, nbytes, plan_index): the
+        same rows as one `buffer` call each, kept as one entry until read. `rows` is
+        kept as given: pass a tuple."""
+        if rows:
+            self._order.extend([CODE_BUFFER] * len(rows))
+            self._bu.append(_RowSpan(self._step, rows))
+            self._spans += 1
+
+    def view_span(self, rows: tuple) -> None:
+        """Many views of this step, each (value_id, source_id, shape, strides, byte_offset,
+        plan_index): the same rows as one `view` call each, kept as one entry until read.
+        `rows` is kept as given: pass a tuple."""
+        if rows:
+            self._order.extend([CODE_VIEW] * len(rows))
+            self._vi.append(_RowSpan(self._step, rows))
+            self._spans += 1
 
     def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
              plan_index: int) -> None:
@@ -429,7 +466,7 @@ class Recording:
         self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
             rows.clear()
-        self._ne_spans = 0
+        self._spans = 0
         for cols in self._tables.values():
             for col in cols.values():
                 col.clear()
