@@ -164,7 +164,8 @@ class CaptureRunner:
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
                            if o is not None]
                 planned = ex.state.storage.owner
-                owners = {vid: ex.owner_of(vid) for vid in outputs if ex.owner_of(vid) != planned.get(vid, vid)}
+                owners = {vid: owner for vid in outputs
+                          if (owner := ex.owner_of(vid)) != planned.get(vid, vid)}
                 observed = ex.observed_views()
                 views = tuple((vid, *observed[vid][1:], k) for k in seg.nodes
                               for vid in ex.plan.nodes[k].outputs if vid in observed)

@@ -16,9 +16,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import numpy as np
-
-from ..addresses import address
 from .views import KnownAddresses
 
 IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
@@ -46,12 +43,7 @@ class IoRows:
             if ref is not None and ref() is arr:
                 continue
             changed = True
-            if type(arr) is np.ndarray and arr.base is None:  # owns its bytes: it is its own base
-                vid, role = layout[i]
-                at, nbytes = address(arr), arr.nbytes
-                rows[i] = (vid, role, at, nbytes, at, nbytes)
-                refs[i] = weakref.ref(arr)
-            elif hasattr(arr, "nbytes"):
+            if hasattr(arr, "nbytes"):
                 vid, role = layout[i]
                 rows[i] = (vid, role, *addresses.where(arr))
                 try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
+
 from ..addresses import address
 
 
@@ -43,6 +45,9 @@ class KnownAddresses:
         """(address, nbytes, root address, root nbytes): where `arr` is and what it spans,
         and the same of the array at the bottom of its view chain (`storage_root`); the
         root is checked like `arr` itself."""
+        if type(arr) is np.ndarray and arr.base is None:  # owns its bytes: it is its own base
+            addr, nbytes = address(arr), arr.nbytes
+            return (addr, nbytes, addr, nbytes)
         key = id(arr)
         nbytes = arr.nbytes
         entry = self._roots_now.get(key) or self._roots_last.get(key)
@@ -52,7 +57,7 @@ class KnownAddresses:
                 self._roots_now[key] = entry
                 return entry[4]
         root = storage_root(arr)
-        if root is arr:  # owns its bytes (a fresh array): nothing under it to find again
+        if root is arr:  # owns its bytes (a device array, say): nothing under it to find again
             addr = address(arr)
             return (addr, int(nbytes), addr, int(nbytes))
         root_nbytes = int(getattr(root, "nbytes", nbytes))
