@@ -51,7 +51,7 @@ def _check_io_addresses(session):
         arrays = [feeds[v] for v in feeds] + list(bound.values()) + \
             [env[v] for v in ex.graph.outputs if v not in bound]
         want = [(address(a), address(storage_root(a))) for a in arrays if hasattr(a, "nbytes")]
-        rows = rec._generic["io_buffers"].pending[-1][2]
+        rows = list(rec._generic["io_buffers"].pending[-1][1])  # the last (columns, rows) emitted
         assert [(r[2], r[4]) for r in rows] == want, f"step {rec.current_step}"
         checked.append(len(want))
 
@@ -215,8 +215,9 @@ def test_io_buffers_rows_of_the_very_same_arrays_are_the_last_steps():
         with pytest.raises(ValueError, match="referenced"):
             x.resize((1 << 20,), refcheck=False)
     assert len(checked) == RUNS
-    rows = session.recording._generic["io_buffers"].pending
-    assert all(block[2] is rows[1][2] for block in rows[1:]), "one rows tuple for every step of the same arrays"
+    blocks = session.recording._generic["io_buffers"].pending[1::2]  # (columns, rows) of each step
+    fields = [block[1].fields for block in blocks]
+    assert all(f is fields[1] for f in fields[1:]), "one fields tuple for every step of the same arrays"
 
 
 @pytest.mark.parametrize("flavor, export", [("onnx", None), ("genai", None), ("onnx", "optimum-merged")])

@@ -34,7 +34,9 @@ class CaptureDecline:
 class Segment:
     index: int
     kind: str  # "captured" | "eager"
-    nodes: list[int]  # plan indices, consecutive
+    #: plan indices, consecutive; a tuple for a captured segment, which never grows (the
+    #: trace keeps it as given for every replay's node rows)
+    nodes: list[int] | tuple[int, ...]
 
     @property
     def first(self) -> int:
@@ -222,7 +224,7 @@ def segment_plan(plan: Any, declines: dict[int, CaptureDecline], min_nodes: int,
             return
         compute = [k for k in run if not plan.nodes[k].spec.produces_view]
         if len(compute) >= min_nodes:
-            segments.append(Segment(len(segments), "captured", list(run)))
+            segments.append(Segment(len(segments), "captured", tuple(run)))
         else:
             for k in run:
                 final.append(CaptureDecline(k, "segment_too_short",

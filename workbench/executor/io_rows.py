@@ -8,12 +8,16 @@ last step's outputs), and an array's row is a function of the array alone: its v
 chain never changes, and numpy refuses to resize (move) an array that has weak
 references, as these rows hold. So a row is read afresh only for an array that is not
 the one at its position last step, and a step of only such arrays hands the Recording
-the very rows tuple of the last.
+the very fields tuple of the last. The Recording gets the rows' fields one after
+another in one tuple (`Recording.add_flat_rows`): a step that keeps a tuple per row
+gives the garbage collector's young generation one more object per row to count (a
+growing SmolLM2 cache: 120 a step).
 """
 
 from __future__ import annotations
 
 import weakref
+from itertools import chain
 from typing import Any
 
 from .views import KnownAddresses
@@ -30,10 +34,11 @@ class IoRows:
         self._layout: tuple | None = None  # ((vid, role), ...) of the last step's positions
         self._refs: list = []  # per position: a weak reference to the array, or None
         self._rows: list = []  # per position: its row, or None (not an array)
-        self._emitted: tuple = ()  # the last rows tuple handed to the Recording
+        self._emitted: tuple = ()  # the last fields tuple handed to the Recording
 
-    def rows(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> tuple:
-        """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)."""
+    def fields(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> tuple:
+        """This step's rows for `arrays`, one per position of `layout` ((vid, role) each),
+        as one flat tuple: each row's `IO_COLUMNS` fields in turn."""
         if layout != self._layout:
             self._layout, self._refs, self._rows = layout, [None] * len(layout), [None] * len(layout)
         refs, rows = self._refs, self._rows
@@ -53,7 +58,7 @@ class IoRows:
             else:
                 rows[i] = refs[i] = None
         if changed or not self._emitted:
-            self._emitted = tuple(row for row in rows if row is not None)
+            self._emitted = tuple(chain.from_iterable(row for row in rows if row is not None))
         return self._emitted
 
 

@@ -1,12 +1,15 @@
 """The Recording: a columnar, saveable log of everything the executor did.
 
 Emission is the hot path (one call per node per step while a model generates), so
-every emitting method only appends to Python lists: a tuple per row for the
-per-node tables, the rows as given for liveness (a step equal to the last one shares
-its tuple) and for generic tables (`add_row`, `add_rows`). They are laid out into
-columns the first time something reads them. No event objects, no pandas. One extra
-small int per event (`_order`, the table it went to) keeps the global emission order,
-so `events()` and the `seq` column of every frame can replay the interleaving exactly.
+every emitting method only appends to Python lists: a row's fields one after another
+in one flat list per per-node table, the rows as given for liveness (a step equal to
+the last one shares its tuple) and for generic tables (`add_row`, `add_rows`). They
+are laid out into columns the first time something reads them. No event objects, no
+pandas, and no container kept per row: a kept tuple per row would be one more object
+for the garbage collector's young generation, and a traced decode step would set off
+a young collection every few steps. One extra small int per event (`_order`, the
+table it went to) keeps the global emission order, so `events()` and the `seq` column
+of every frame can replay the interleaving exactly.
 
 Reading is the cold path: `steps()`, `views()`, `liveness()`, ... build pandas
 frames on demand (pandas is imported there, never when emitting); `events()` builds
@@ -77,8 +80,9 @@ _LIVENESS_WIDTH = len(TABLE_COLUMNS["liveness"]) - 1
 class _Generic:
     """A table added through `add_row`: columns appear as rows name them (earlier rows: None).
 
-    Rows are kept as emitted (`pending`: (step, {column: value}) or a block
-    (step, column names, rows of values)) and laid out into `cols` when read."""
+    Rows are kept as emitted, two entries each in the flat list `pending`: the step,
+    then {column: value} or a block (column names, rows of values); they are laid out
+    into `cols` when read."""
 
     __slots__ = ("_cols", "_n", "code", "pending")
 
@@ -86,7 +90,7 @@ class _Generic:
         self._cols: dict[str, list] = {"step": []}
         self._n = 0
         self.code = code
-        self.pending: list[tuple] = []
+        self.pending: list = []
 
     @property
     def cols(self) -> dict[str, list]:
@@ -101,7 +105,7 @@ class _Generic:
 
     @property
     def n(self) -> int:
-        return self._n + sum(1 if len(p) == 2 else len(p[2]) for p in self.pending)
+        return self._n + sum(1 if type(p) is dict else len(p[1]) for p in self.pending[1::2])
 
     @n.setter
     def n(self, n: int) -> None:
@@ -110,12 +114,12 @@ class _Generic:
 
     def _flush(self) -> None:
         pending, self.pending = self.pending, []
-        for item in pending:
-            if len(item) == 2:
-                self._lay_out(item[0], item[1])
+        for step, item in zip(pending[::2], pending[1::2]):
+            if type(item) is dict:
+                self._lay_out(step, item)
             else:
-                step, keys = item[0], item[1]
-                for values in item[2]:
+                keys, rows = item
+                for values in rows:
                     self._lay_out(step, dict(zip(keys, values)))
 
     def _lay_out(self, step: int, columns: dict[str, Any]) -> None:
@@ -135,32 +139,45 @@ class _Generic:
         self._n = n
 
 
-class _NodeSpan:
-    """The node rows of one replayed segment, kept as one entry until the table is laid
-    out: (step, plan index, mode, duration share) for each of `plan_indices`."""
+class _FlatRows:
+    """Rows of `width` fields, stored one after another in one flat tuple (a block of
+    `add_flat_rows`): what `_Generic` needs of a block of rows, its length and its rows."""
 
-    __slots__ = ("step", "plan_indices", "mode", "share")
+    __slots__ = ("fields", "width")
 
-    def __init__(self, step: int, plan_indices: Sequence[int], mode: str, share: float) -> None:
-        self.step, self.plan_indices, self.mode, self.share = step, plan_indices, mode, share
+    def __init__(self, fields: tuple, width: int) -> None:
+        self.fields, self.width = fields, width
 
-    def rows(self) -> list[tuple]:
-        step, mode, share = self.step, self.mode, self.share
-        return [(step, k, mode, share) for k in self.plan_indices]
+    def __len__(self) -> int:
+        return len(self.fields) // self.width
+
+    def __iter__(self) -> Iterator[tuple]:
+        return zip(*[iter(self.fields)] * self.width)
 
 
-class _RowSpan:
-    """Rows emitted again at a later step (a replayed segment's views and pins), kept as
-    one entry until the table is laid out: each of `rows` with `step` in front."""
+def _expanded(flat: list, width: int, span_rows: Any) -> list:
+    """A flat pending list with its spans replaced by the rows they stand for. A span
+    takes one row's `width` fields, the step first and a tuple in the second field
+    (where a plain row has an int or a str); `span_rows(fields)` gives its rows."""
+    out: list = []
+    for i in range(0, len(flat), width):
+        fields = flat[i:i + width]
+        if type(fields[1]) is tuple:
+            for row in span_rows(fields):
+                out.extend(row)
+        else:
+            out.extend(fields)
+    return out
 
-    __slots__ = ("step", "rows")
 
-    def __init__(self, step: int, rows: tuple) -> None:
-        self.step, self.rows = step, rows
+def _node_span_rows(fields: list) -> list[tuple]:
+    step, plan_indices, mode, share = fields
+    return [(step, k, mode, share) for k in plan_indices]
 
-    def expand(self) -> list[tuple]:
-        step = self.step
-        return [(step, *row) for row in self.rows]
+
+def _row_span_rows(fields: list) -> list[tuple]:
+    step = fields[0]
+    return [(step, *row) for row in fields[1]]
 
 
 class Recording:
@@ -201,27 +218,21 @@ class Recording:
             self._flush_liveness()
         if self._spans:
             self._expand_spans()
-        for name, rows in self._pending.items():
-            if rows:
+        for name, flat in self._pending.items():
+            if flat:
                 cols = self._tables[name]
-                for col, values in zip(cols.values(), zip(*rows)):
-                    col.extend(values)
-                rows.clear()
+                width = len(cols)
+                for i, col in enumerate(cols.values()):
+                    col.extend(flat[i::width])
+                flat.clear()
         return self._tables
 
     def _expand_spans(self) -> None:
-        """Rows of replayed segments, stored as one `_NodeSpan` or `_RowSpan` each, in place."""
-        for rows in (self._ne, self._bu, self._vi):
-            expanded = []
-            for row in rows:
-                kind = type(row)
-                if kind is _NodeSpan:
-                    expanded.extend(row.rows())
-                elif kind is _RowSpan:
-                    expanded.extend(row.expand())
-                else:
-                    expanded.append(row)
-            rows[:] = expanded
+        """Rows of replayed segments, pending as one span each, in place."""
+        for name, span_rows in (("node_exec", _node_span_rows), ("buffer", _row_span_rows),
+                                ("view", _row_span_rows)):
+            flat = self._pending[name]
+            flat[:] = _expanded(flat, len(TABLE_COLUMNS[name]), span_rows)
         self._spans = 0
 
     def _flush_liveness(self) -> None:
@@ -239,14 +250,14 @@ class Recording:
                 lv[name].extend(col)
 
     def _bind(self) -> None:
-        """The per-node tables take whole rows (tuples in `TABLE_COLUMNS` order), laid out
-        into their columns by `_t`; direct references to those row lists (only ever
-        cleared in place)."""
+        """The per-node tables take rows as their fields in `TABLE_COLUMNS` order, one
+        after another in one flat list per table, laid out into columns by `_t`; direct
+        references to those lists (only ever cleared or replaced in place)."""
         self._steps = self._tables["steps"]
-        self._pending: dict[str, list[tuple]] = {
+        self._pending: dict[str, list] = {
             name: [] for name in ("node_exec", "buffer", "view", "alias", "materialize")}
         self._ne, self._bu, self._vi, self._al, self._ma = self._pending.values()
-        self._spans = 0  # `_NodeSpan` and `_RowSpan` entries among the pending rows
+        self._spans = 0  # spans among the pending rows (`_expanded`)
 
     # ------------------------------------------------------------------ emission
 
@@ -286,56 +297,59 @@ class Recording:
     def node(self, plan_index: int, mode: str, duration_s: float) -> None:
         """Plan node ran: mode "eager" | "replayed" | "elided"."""
         self._order.append(CODE_NODE)
-        self._ne.append((self._step, plan_index, mode, duration_s))
+        self._ne.extend((self._step, plan_index, mode, duration_s))
 
     def node_span(self, plan_indices: list[int], mode: str, duration_s: float) -> None:
         """Many plan nodes ran together (a replayed segment): `duration_s` is shared
-        evenly; the same rows as one `node` call each, kept as one entry until read."""
+        evenly; the same rows as one `node` call each, kept as one span until read (a
+        tuple of indices is kept as given, not copied)."""
         n = len(plan_indices)
         if not n:
             return
         self._order.extend([CODE_NODE] * n)
-        self._ne.append(_NodeSpan(self._step, tuple(plan_indices), mode, duration_s / n))
+        self._ne.extend((self._step, tuple(plan_indices), mode, duration_s / n))
         self._spans += 1
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
         self._order.append(CODE_BUFFER)
-        self._bu.append((self._step, event, value_id, nbytes, plan_index))
+        self._bu.extend((self._step, event, value_id, nbytes, plan_index))
 
     def buffer_span(self, rows: tuple) -> None:
         """Many buffer events of this step, each (event, value_id, nbytes, plan_index): the
-        same rows as one `buffer` call each, kept as one entry until read. `rows` is
+        same rows as one `buffer` call each, kept as one span until read. `rows` is
         kept as given: pass a tuple."""
         if rows:
+            rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
             self._order.extend([CODE_BUFFER] * len(rows))
-            self._bu.append(_RowSpan(self._step, rows))
+            self._bu.extend((self._step, rows, None, None, None))
             self._spans += 1
 
     def view_span(self, rows: tuple) -> None:
         """Many views of this step, each (value_id, source_id, shape, strides, byte_offset,
-        plan_index): the same rows as one `view` call each, kept as one entry until read.
+        plan_index): the same rows as one `view` call each, kept as one span until read.
         `rows` is kept as given: pass a tuple."""
         if rows:
+            rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
             self._order.extend([CODE_VIEW] * len(rows))
-            self._vi.append(_RowSpan(self._step, rows))
+            self._vi.extend((self._step, rows, None, None, None, None, None))
             self._spans += 1
 
     def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
              plan_index: int) -> None:
         """`value_id` is a view of owner `source_id`; strides in elements (may be negative or 0)."""
         self._order.append(CODE_VIEW)
-        self._vi.append((self._step, value_id, source_id, shape, strides, byte_offset, plan_index))
+        self._vi.extend((self._step, value_id, source_id, shape, strides, byte_offset, plan_index))
 
     def alias(self, value_id: int, into_id: int, plan_index: int) -> None:
         """In place: `value_id` was written into `into_id`'s buffer."""
         self._order.append(CODE_ALIAS)
-        self._al.append((self._step, value_id, into_id, plan_index))
+        self._al.extend((self._step, value_id, into_id, plan_index))
 
     def materialize(self, plan_index: int, value_id: int, nbytes: int, reason: str) -> None:
         """A kernel needed a copy of `value_id` (e.g. a contiguous input)."""
         self._order.append(CODE_MATERIALIZE)
-        self._ma.append((self._step, plan_index, value_id, nbytes, reason))
+        self._ma.extend((self._step, plan_index, value_id, nbytes, reason))
 
     def liveness(self, rows: Iterable[tuple] | None = None,
                  nbytes: tuple[Sequence[int], Sequence[int]] | None = None) -> pd.DataFrame | None:
@@ -410,7 +424,7 @@ class Recording:
         g = self._generic.get(table)
         if g is None:
             g = self._new_generic(table)
-        g.pending.append((self._step, columns))
+        g.pending.extend((self._step, columns))
         self._order.append(g.code)
 
     def add_rows(self, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
@@ -424,8 +438,17 @@ class Recording:
         g = self._generic.get(table)
         if g is None:
             g = self._new_generic(table)
-        g.pending.append((self._step, tuple(columns), rows))
+        g.pending.extend((self._step, (tuple(columns), rows)))
         self._order.extend([g.code] * len(rows))
+
+    def add_flat_rows(self, table: str, columns: tuple[str, ...], fields: tuple) -> None:
+        """`add_rows` with the rows' fields one after another in one tuple (`len(columns)`
+        fields a row), kept as given: no tuple per row for the garbage collector to count."""
+        width = len(columns)
+        if not width or len(fields) % width:
+            raise TraceError(f"add_flat_rows({table!r}): {len(fields)} fields are not whole rows of "
+                             f"{width} columns {tuple(columns)}")
+        self.add_rows(table, columns, _FlatRows(fields, width))
 
     def _new_generic(self, table: str) -> _Generic:
         if not isinstance(table, str) or not _TABLE_NAME.match(table):
