@@ -23,7 +23,8 @@ from oracles import tensor as _tensor
 
 import workbench
 from workbench import Generator, SessionOptions, models
-from workbench.executor.views import address, storage_root
+from workbench.executor.io_rows import IO_COLUMNS, IoRows
+from workbench.executor.views import KnownAddresses, address, storage_root
 
 RUNS = 8
 OPSET = [helper.make_opsetid("", 17)]
@@ -271,3 +272,28 @@ def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
         assert known.where(b) == (address(b), b.nbytes, address(second), second.nbytes)
         del b
     assert reused, "the id must come back at least once for this test to bite"
+
+
+def test_io_rows_are_read_for_new_arrays_and_skip_positions_without_one():
+    """The flat io_buffers fields of each step: a row per position holding an array (a
+    position may hold none, e.g. an output not produced), read afresh where the array is
+    new, the very last tuple where every array is the last step's."""
+    layout = ((1, "feed"), (2, "feed"), (3, "output"))
+    big = np.zeros(64, np.float32)
+    a, b, c = np.ones(4, np.float32), big[8:16], np.zeros((2, 3), np.float64)
+    io, addresses = IoRows(), KnownAddresses()
+
+    def expected(arrays):
+        return tuple(f for (vid, role), arr in zip(layout, arrays) if arr is not None
+                     for f in (vid, role, address(arr), arr.nbytes, address(storage_root(arr)),
+                               storage_root(arr).nbytes))
+
+    steps = [(a, None, b), (a, c, b), (a, c, b), (np.ones(2, np.float32), c, None), (a, b, c)]
+    last = None
+    for k, arrays in enumerate(steps):
+        got = io.fields(layout, arrays, addresses)
+        assert got == expected(arrays), f"step {k}"
+        assert len(got) % len(IO_COLUMNS) == 0
+        if k == 2:
+            assert got is last, "the same arrays again give the last tuple itself"
+        last = got

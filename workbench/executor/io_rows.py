@@ -25,23 +25,29 @@ from .views import KnownAddresses
 IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
 
 
+WIDTH = len(IO_COLUMNS)
+
+
 class IoRows:
     """The last step's rows, per position, and weak references to the arrays they describe."""
 
-    __slots__ = ("_layout", "_refs", "_rows", "_emitted")
+    __slots__ = ("_layout", "_refs", "_fields", "_held", "_emitted")
 
     def __init__(self) -> None:
         self._layout: tuple | None = None  # ((vid, role), ...) of the last step's positions
         self._refs: list = []  # per position: a weak reference to the array, or None
-        self._rows: list = []  # per position: its row, or None (not an array)
+        self._fields: list = []  # per position: its row's WIDTH fields, one position after another
+        self._held: list = []  # per position: whether it holds an array (else it has no row)
         self._emitted: tuple = ()  # the last fields tuple handed to the Recording
 
     def fields(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> tuple:
-        """This step's rows for `arrays`, one per position of `layout` ((vid, role) each),
-        as one flat tuple: each row's `IO_COLUMNS` fields in turn."""
+        """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)
+        that holds an array, as one flat tuple: each row's `IO_COLUMNS` fields in turn."""
         if layout != self._layout:
-            self._layout, self._refs, self._rows = layout, [None] * len(layout), [None] * len(layout)
-        refs, rows = self._refs, self._rows
+            self._layout, self._refs, self._held = layout, [None] * len(layout), [False] * len(layout)
+            self._fields = [f for vid, role in layout for f in (vid, role, None, None, None, None)]
+            self._emitted = ()
+        refs, fields, held = self._refs, self._fields, self._held
         changed = False
         for i, arr in enumerate(arrays):
             ref = refs[i]
@@ -49,16 +55,18 @@ class IoRows:
                 continue
             changed = True
             if hasattr(arr, "nbytes"):
-                vid, role = layout[i]
-                rows[i] = (vid, role, *addresses.where(arr))
+                at = i * WIDTH + 2  # value id and role stay as the layout says
+                fields[at:at + WIDTH - 2] = addresses.where(arr)
+                held[i] = True
                 try:
                     refs[i] = weakref.ref(arr)
                 except TypeError:  # no weak references: read afresh every step
                     refs[i] = None
             else:
-                rows[i] = refs[i] = None
+                held[i], refs[i] = False, None
         if changed or not self._emitted:
-            self._emitted = tuple(chain.from_iterable(row for row in rows if row is not None))
+            self._emitted = tuple(fields) if all(held) else tuple(chain.from_iterable(
+                fields[i * WIDTH:(i + 1) * WIDTH] for i, h in enumerate(held) if h))
         return self._emitted
 
 
