@@ -23,9 +23,7 @@ from typing import Any
 from .views import KnownAddresses
 
 IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
-
-
-WIDTH = len(IO_COLUMNS)
+WIDTH = len(IO_COLUMNS)  # fields a row
 
 
 class IoRows:
@@ -45,7 +43,7 @@ class IoRows:
         that holds an array, as one flat tuple: each row's `IO_COLUMNS` fields in turn."""
         if layout != self._layout:
             self._layout, self._refs, self._held = layout, [None] * len(layout), [False] * len(layout)
-            self._fields = [f for vid, role in layout for f in (vid, role, None, None, None, None)]
+            self._fields = [f for position in layout for f in (*position, *(None,) * (WIDTH - 2))]
             self._emitted = ()
         refs, fields, held = self._refs, self._fields, self._held
         changed = False
