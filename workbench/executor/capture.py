@@ -34,9 +34,8 @@ class CaptureDecline:
 class Segment:
     index: int
     kind: str  # "captured" | "eager"
-    #: plan indices, consecutive; a tuple for a captured segment, which never grows (the
-    #: trace keeps it as given for every replay's node rows)
-    nodes: list[int] | tuple[int, ...]
+    #: plan indices, consecutive (a tuple: the trace keeps it as given for every replay's node rows)
+    nodes: tuple[int, ...]
 
     @property
     def first(self) -> int:
@@ -246,6 +245,6 @@ def segment_plan(plan: Any, declines: dict[int, CaptureDecline], min_nodes: int,
 
 def _append_eager(segments: list[Segment], nodes: list[int]) -> None:
     if segments and segments[-1].kind == "eager" and segments[-1].last == nodes[0] - 1:
-        segments[-1].nodes.extend(nodes)
+        segments[-1].nodes += tuple(nodes)
     else:
-        segments.append(Segment(len(segments), "eager", list(nodes)))
+        segments.append(Segment(len(segments), "eager", tuple(nodes)))
