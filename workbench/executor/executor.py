@@ -26,7 +26,7 @@ from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
-from .shapes import bind_symbols, input_symbols, resolve, symbols_in
+from .shapes import SymbolBinder, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
 from .storage import ALIAS, VIEW, plan_storage
 from .views import KnownAddresses, address, is_view_of
@@ -73,6 +73,7 @@ class Executor(DecodeMemoSteps):
         for vid, arr in graph.initializers.items():
             self.env[vid] = backend.from_host(arr)
         self._input_symbols = input_symbols(graph)
+        self._binder = SymbolBinder(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
         self._resident = 0  # bytes held in every slot's buffers
         self._peak = 0
@@ -232,7 +233,7 @@ class Executor(DecodeMemoSteps):
                 self.state.signature = None
         else:
             self._enter_slot(slot)
-            bindings = bind_symbols(self.graph, feeds)
+            bindings = self._binder.bind(feeds)
             if rec is not None:
                 rec.begin_step(slot=slot, phase=phase, bindings=dict(bindings))
             self._peak = self._resident

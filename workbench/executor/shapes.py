@@ -8,12 +8,16 @@ kernel runs (just-in-time shapes). Expressions are parsed, never evaluated as co
 
 from __future__ import annotations
 
+import operator
 import re
 from functools import lru_cache
 from typing import Any
 
+from ..addresses import items_at
 from ..errors import InputError
 from ..ir.graph import Graph
+
+_SHAPE = operator.attrgetter("shape")
 
 
 def input_symbols(graph: Graph) -> set[str]:
@@ -50,6 +54,50 @@ def bind_symbols(graph: Graph, feeds: dict[int, Any]) -> dict[str, int]:
                     f"{value.name!r} axis {axis} is {got}"
                 )
     return bindings
+
+
+class SymbolBinder:
+    """`bind_symbols` for one graph, with its inputs grouped by declared shape. Inputs
+    declared alike (a decode step's dozens of KV caches) that arrive with one shape bind
+    the same symbols to the same sizes, so each group's shapes are compared in one C
+    pass and its first is read. Anything else (an input missing or without a shape, a
+    group arriving with unlike shapes, two groups disagreeing) goes to `bind_symbols`,
+    which binds or words the error as always; the symbols come out in its order."""
+
+    __slots__ = ("graph", "_get", "_groups")
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        groups: dict[tuple, list[int]] = {}
+        for vid in graph.inputs:
+            shape = graph.values[vid].shape
+            if shape and any(isinstance(d, str) for d in shape):
+                groups.setdefault(tuple(shape), []).append(vid)
+        self._get = items_at([vid for vids in groups.values() for vid in vids])
+        #: (first position, end position, declared rank, ((axis, symbol), ...)) of each group
+        self._groups, start = [], 0
+        for shape, vids in groups.items():
+            axes = tuple((axis, d) for axis, d in enumerate(shape) if isinstance(d, str))
+            self._groups.append((start, start + len(vids), len(shape), axes))
+            start += len(vids)
+
+    def bind(self, feeds: dict[int, Any]) -> dict[str, int]:
+        try:
+            shapes = list(map(_SHAPE, self._get(feeds)))
+        except (KeyError, AttributeError):
+            return bind_symbols(self.graph, feeds)
+        bindings: dict[str, int] = {}
+        for start, end, rank, axes in self._groups:
+            first = shapes[start]
+            if end - start > 1 and shapes[start:end].count(first) != end - start:
+                return bind_symbols(self.graph, feeds)
+            if len(first) != rank:  # bind_symbols skips such an input
+                continue
+            for axis, dim in axes:
+                got = int(first[axis])
+                if bindings.setdefault(dim, got) != got:
+                    return bind_symbols(self.graph, feeds)
+        return bindings
 
 
 def resolve(shape: tuple | None, bindings: dict[str, int]) -> tuple[int, ...] | None:
