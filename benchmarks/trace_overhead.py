@@ -2,10 +2,18 @@
 
 For each small export (workbench's llama in both op flavours, onnxruntime-genai's
 builder layout, optimum's merged decoder) prints the trace-off and trace-on decode
-latency (the median step over interleaved rounds), the overhead, and "outside kernels": the
-share of a traced decode step's wall time not spent inside a node's kernel (eager
-node or replayed segment), i.e. the executor's own per-step work: preparing the
-step, memo and capture bookkeeping, dispatch, and recording.
+latency (the median step over interleaved rounds), the overhead two ways, and
+"outside kernels": the share of a traced decode step's wall time not spent inside a
+node's kernel (eager node or replayed segment), i.e. the executor's own per-step
+work: preparing the step, memo and capture bookkeeping, dispatch, and recording.
+
+The overhead: "pooled", the ratio of the two medians over all rounds' steps; and
+"paired", the median over rounds of each round's ratio (its traced decode's median
+step over its untraced one's), with a 90% bootstrap interval over rounds. On these
+shared 2-core machines a whole round often runs slower than the next (a neighbour's
+load, the memory bandwidth of the moment), which moves the pooled ratio by several
+points from run to run; the paired one compares decodes that ran back to back.
+Recordings are analysed after all rounds, so no round runs after another's pandas work.
 
 Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 """
@@ -13,6 +21,7 @@ Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 
 import workbench
@@ -29,16 +38,23 @@ def exports(size: str = "small"):
     yield "optimum merged", models.llama(size, flavor="onnx", export="optimum-merged").SerializeToString()
 
 
-def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> tuple[list[float], float]:
-    """(the decode steps' wall times in s, median share of a decode step outside kernels;
-    nan untraced), for one generation: in a fresh recording, or with the trace stopped."""
+def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> list[float]:
+    """The decode steps' wall times in s, for one generation: in a fresh recording, or
+    with the trace stopped."""
     if traced:
         session.new_recording()
     else:
         session.stop_recording()
     result = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1)
-    steps = result.step_times[2:]  # the prefill and the first (re-planning) step left out
-    return steps, outside_kernels(session.recording) if traced else float("nan")
+    return result.step_times[2:]  # the prefill and the first (re-planning) step left out
+
+
+def paired_overhead(rounds: list[tuple[float, float]], draws: int = 2000) -> tuple[float, float, float]:
+    """(median, 5th, 95th percentile of bootstrap medians) of the rounds' on/off ratios, less one."""
+    ratios = [on / off for off, on in rounds]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return (statistics.median(ratios) - 1, medians[int(0.05 * draws)] - 1, medians[int(0.95 * draws) - 1] - 1)
 
 
 def outside_kernels(rec: workbench.Recording) -> float:
@@ -61,20 +77,27 @@ def main() -> None:
           "interleaved rounds of one session, its trace on and off in turn (the same weights and "
           "buffers both ways; the order flips each round, so drift and a noisy neighbour weigh alike); "
           "outside kernels: share of a traced decode step (median) not inside a node's kernel")
-    print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'overhead':>10}{'outside kernels':>17}")
+    print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'pooled':>9}{'paired [90% interval]':>27}"
+          f"{'outside kernels':>17}")
     for label, data in exports():
         session = workbench.InferenceSession(data, options=SessionOptions(trace=True))
         steps: dict[bool, list[float]] = {False: [], True: []}
-        shares = []
+        rounds, recordings = [], []
         for round_ in range(args.rounds):
+            medians = {}
             for trace in ((True, False) if round_ % 2 else (False, True)):
-                got, share = decode(session, args.tokens, trace)
+                got = decode(session, args.tokens, trace)
                 steps[trace] += got
+                medians[trace] = statistics.median(got)
                 if trace:
-                    shares.append(share)
+                    recordings.append(session.recording)
+            rounds.append((medians[False], medians[True]))
         off, on = statistics.median(steps[False]), statistics.median(steps[True])
-        print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>10.1%}"
-              f"{statistics.median(shares):>17.1%}")
+        paired, low, high = paired_overhead(rounds)
+        shares = statistics.median(outside_kernels(rec) for rec in recordings)
+        print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>9.1%}"
+              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{shares:>17.1%}")
+
 
 if __name__ == "__main__":
     main()
