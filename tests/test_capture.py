@@ -200,3 +200,62 @@ def test_a_replayed_launch_that_computes_out_of_place_still_lands_in_its_buffer(
         np.testing.assert_array_equal(kept, -x, err_msg=f"run {run}")
         np.testing.assert_array_equal(first, x * 2, err_msg=f"run {run}")
         np.testing.assert_array_equal(second, x + 1, err_msg=f"run {run}")
+
+
+def _two_segment_model():
+    """Two captured runs of nodes with an If between them (an eager seam)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from oracles import tensor
+
+    rng = np.random.default_rng(7)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal((6, 6)).astype(np.float32), n) for n in ("w1", "w2"))
+    then = helper.make_graph([helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(
+        np.full((6,), 0.5, np.float32)))], "then", [], [tensor("t", [6])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(
+        np.full((6,), -2.0, np.float32)))], "else", [], [tensor("e", [6])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Tanh", ["a"], ["b"]),
+         helper.make_node("Neg", ["b"], ["c"]),
+         helper.make_node("If", ["cond"], ["scale"], then_branch=then, else_branch=other),
+         helper.make_node("Mul", ["c", "scale"], ["d"]), helper.make_node("MatMul", ["d", "w2"], ["e2"]),
+         helper.make_node("Sigmoid", ["e2"], ["y"])],
+        "two_segments", [tensor("x", [3, 6]), tensor("cond", [], TensorProto.BOOL)], [tensor("y", [3, 6])],
+        [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_each_replayed_segment_has_one_replay_event_timed_as_its_nodes_vs_onnxruntime():
+    """Eight runs at a stable input address with new contents, two captured segments
+    each: every output against onnxruntime; and in the trace, each replaying step has
+    one capture_events "replay" row per captured segment, in segment order, whose
+    duration is what that segment's replayed node rows share."""
+    from oracles import ort_session
+
+    model = _two_segment_model()
+    session = workbench.InferenceSession(model)
+    oracle = ort_session(model)
+    rng = np.random.default_rng(8)
+    x = np.empty((3, 6), np.float32)
+    cond = np.array(True)
+    for run in range(8):
+        x[...] = rng.standard_normal(x.shape)
+        (got,) = session.run(None, {"x": x, "cond": cond})
+        (want,) = oracle.run(None, {"x": x.copy(), "cond": cond.copy()})
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"run {run}")
+    rec = session.recording
+    segments = rec.segments()
+    captured = segments[(segments.kind == "captured") & (segments.state == "replayed")]
+    events = rec.capture_events()
+    replays = events[events.event == "replay"]
+    nodes = rec.node_timings()
+    replaying_steps = sorted(set(captured.step))
+    assert len(replaying_steps) >= 5 and len(set(captured.segment)) == 2
+    for step in replaying_steps:
+        rows = replays[replays.step == step]
+        assert list(rows.segment) == list(captured[captured.step == step].segment)
+        assert set(rows.reason) == {"binding signature unchanged"} and set(rows.slot) == {"primary"}
+        for _, seg in captured[captured.step == step].iterrows():
+            shared = nodes[(nodes.step == step) & nodes.plan_index.between(seg.first_node, seg.last_node)]
+            assert set(shared["mode"]) == {"replayed"} and len(shared) == seg.node_count
+            duration = float(rows[rows.segment == seg.segment].duration_s.iloc[0])
+            assert shared.duration_us.sum() == pytest.approx(duration * 1e6, rel=1e-9)

@@ -37,6 +37,8 @@ from .capture import (
 
 #: columns of a capture_segments row (after step)
 SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
+#: a capture_events row, in the column order every other emission of that table has
+REPLAY_EVENT_COLUMNS = ("slot", "segment", "event", "reason", "duration_s")
 
 
 class CaptureRunner:
@@ -202,6 +204,7 @@ class CaptureRunner:
         ex = self.ex
         env = ex.env
         replayed = []
+        events: list = []  # the replay rows' fields, one segment after another (`_replay_events`)
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
@@ -210,12 +213,14 @@ class CaptureRunner:
             why = self._stale(captured, seg)
             if why is not None:
                 self._replayed_views(cap, replayed, rec)
+                self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, *why)
             timer = ex.backend.start_timer() if rec is not None else None
             try:
                 ex.backend.launch(captured.graph)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
+                self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
             for vid, arr in captured.outputs.items():
@@ -227,13 +232,20 @@ class CaptureRunner:
             if rec is not None:
                 duration = ex.backend.stop_timer(timer)  # the replayed kernels' device time
                 rec.node_span(seg.nodes, "replayed", duration)
-                rec.add_row("capture_events", slot=slot, segment=seg.index, event="replay",
-                            reason="binding signature unchanged", duration_s=duration)
+                events += (slot, seg.index, "replay", "binding signature unchanged", duration)
         cap.replays += 1
         self._replayed_views(cap, replayed, rec)
         if rec is not None:
+            self._replay_events(rec, events)
             self._emit_segments(rec, slot, cap, "replayed")
         return "replay"
+
+    @staticmethod
+    def _replay_events(rec: Any, events: list) -> None:
+        """A step's capture_events replay rows, one per segment replayed, as one block:
+        the rows of one `add_row` call each, after the step's replayed node rows."""
+        if rec is not None and events:
+            rec.add_flat_rows("capture_events", REPLAY_EVENT_COLUMNS, tuple(events))
 
     def _replayed_views(self, cap: SlotCapture, replayed: list[CapturedGraph], rec: Any) -> None:
         """The zero-copy views the replayed segments restored, at once: each pins its

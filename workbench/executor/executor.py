@@ -235,7 +235,7 @@ class Executor(DecodeMemoSteps):
             self._enter_slot(slot)
             bindings = self._binder.bind(feeds)
             if rec is not None:
-                rec.begin_step(slot=slot, phase=phase, bindings=dict(bindings))
+                rec.begin_step(slot=slot, phase=phase, bindings=bindings)
             self._peak = self._resident
             action, reason = self._plan_step(feeds, bindings, bound)
             setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)

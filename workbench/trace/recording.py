@@ -23,6 +23,7 @@ one) -- including events emitted after that step's `end_step` and before the nex
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -71,6 +72,13 @@ TABLE_CODES = {"steps": CODE_STEP_BEGAN, "node_exec": CODE_NODE, "buffer": CODE_
                "liveness": CODE_LIVENESS}
 #: generic tables get codes GENERIC_CODE_BASE, +1, ... in creation order
 GENERIC_CODE_BASE = 16
+
+
+@functools.lru_cache(maxsize=256)
+def _codes(code: int, n: int) -> tuple[int, ...]:
+    """`n` copies of `code` for `_order`: a step emits blocks of the same lengths every
+    time (its liveness rows, each replayed segment's nodes), so they are made once."""
+    return (code,) * n
 
 _STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -306,7 +314,7 @@ class Recording:
         n = len(plan_indices)
         if not n:
             return
-        self._order.extend([CODE_NODE] * n)
+        self._order.extend(_codes(CODE_NODE, n))
         self._ne.extend((self._step, tuple(plan_indices), mode, duration_s / n))
         self._spans += 1
 
@@ -321,7 +329,7 @@ class Recording:
         kept as given: pass a tuple."""
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._order.extend([CODE_BUFFER] * len(rows))
+            self._order.extend(_codes(CODE_BUFFER, len(rows)))
             self._bu.extend((self._step, rows, None, None, None))
             self._spans += 1
 
@@ -331,7 +339,7 @@ class Recording:
         `rows` is kept as given: pass a tuple."""
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._order.extend([CODE_VIEW] * len(rows))
+            self._order.extend(_codes(CODE_VIEW, len(rows)))
             self._vi.extend((self._step, rows, None, None, None, None, None))
             self._spans += 1
 
@@ -378,7 +386,7 @@ class Recording:
                                  f"positions must lie within the {len(rows)} rows")
             self._lv_positions = (positions, rows)
         self._lv_pending.append((self._step, rows, nbytes))
-        self._order.extend([CODE_LIVENESS] * len(rows))
+        self._order.extend(_codes(CODE_LIVENESS, len(rows)))
         return None
 
     @staticmethod
@@ -439,7 +447,7 @@ class Recording:
         if g is None:
             g = self._new_generic(table)
         g.pending.extend((self._step, (tuple(columns), rows)))
-        self._order.extend([g.code] * len(rows))
+        self._order.extend(_codes(g.code, len(rows)))
 
     def add_flat_rows(self, table: str, columns: tuple[str, ...], fields: tuple) -> None:
         """`add_rows` with the rows' fields one after another in one tuple (`len(columns)`
