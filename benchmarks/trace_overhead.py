@@ -13,7 +13,8 @@ step over its untraced one's), with a 90% bootstrap interval over rounds. On the
 shared 2-core machines a whole round often runs slower than the next (a neighbour's
 load, the memory bandwidth of the moment), which moves the pooled ratio by several
 points from run to run; the paired one compares decodes that ran back to back.
-Recordings are analysed after all rounds, so no round runs after another's pandas work.
+Every decode starts from a collected heap (`gc.collect()`), so one mode does not pay
+the young collections the other's garbage (or the analysis of a recording) set off.
 
 Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 """
@@ -21,6 +22,7 @@ Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 
@@ -38,15 +40,18 @@ def exports(size: str = "small"):
     yield "optimum merged", models.llama(size, flavor="onnx", export="optimum-merged").SerializeToString()
 
 
-def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> list[float]:
-    """The decode steps' wall times in s, for one generation: in a fresh recording, or
-    with the trace stopped."""
+def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> tuple[list[float], float]:
+    """(the decode steps' wall times in s, median share of a decode step outside kernels;
+    nan untraced), for one generation: in a fresh recording, or with the trace stopped.
+    Each starts from a collected heap, so neither pays for garbage the other left."""
     if traced:
         session.new_recording()
     else:
         session.stop_recording()
+    gc.collect()
     result = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1)
-    return result.step_times[2:]  # the prefill and the first (re-planning) step left out
+    steps = result.step_times[2:]  # the prefill and the first (re-planning) step left out
+    return steps, outside_kernels(session.recording) if traced else float("nan")
 
 
 def paired_overhead(rounds: list[tuple[float, float]], draws: int = 2000) -> tuple[float, float, float]:
@@ -82,21 +87,20 @@ def main() -> None:
     for label, data in exports():
         session = workbench.InferenceSession(data, options=SessionOptions(trace=True))
         steps: dict[bool, list[float]] = {False: [], True: []}
-        rounds, recordings = [], []
+        rounds, shares = [], []
         for round_ in range(args.rounds):
             medians = {}
             for trace in ((True, False) if round_ % 2 else (False, True)):
-                got = decode(session, args.tokens, trace)
+                got, share = decode(session, args.tokens, trace)
                 steps[trace] += got
                 medians[trace] = statistics.median(got)
                 if trace:
-                    recordings.append(session.recording)
+                    shares.append(share)
             rounds.append((medians[False], medians[True]))
         off, on = statistics.median(steps[False]), statistics.median(steps[True])
         paired, low, high = paired_overhead(rounds)
-        shares = statistics.median(outside_kernels(rec) for rec in recordings)
         print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>9.1%}"
-              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{shares:>17.1%}")
+              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{statistics.median(shares):>17.1%}")
 
 
 if __name__ == "__main__":
