@@ -74,10 +74,15 @@ TABLE_CODES = {"steps": CODE_STEP_BEGAN, "node_exec": CODE_NODE, "buffer": CODE_
 GENERIC_CODE_BASE = 16
 
 
-@functools.lru_cache(maxsize=256)
 def _codes(code: int, n: int) -> tuple[int, ...]:
-    """`n` copies of `code` for `_order`: a step emits blocks of the same lengths every
-    time (its liveness rows, each replayed segment's nodes), so they are made once."""
+    """`n` copies of `code` for `_order`: a step emits its long blocks at the same
+    lengths every time (its liveness rows, each replayed segment's nodes), so those are
+    made once (`_code_run`); a short one costs less to make than to look up."""
+    return _code_run(code, n) if n >= 32 else (code,) * n
+
+
+@functools.lru_cache(maxsize=64)
+def _code_run(code: int, n: int) -> tuple[int, ...]:
     return (code,) * n
 
 _STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
