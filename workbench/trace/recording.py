@@ -85,6 +85,7 @@ def _codes(code: int, n: int) -> tuple[int, ...]:
 def _code_run(code: int, n: int) -> tuple[int, ...]:
     return (code,) * n
 
+
 _STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _LIVENESS_WIDTH = len(TABLE_COLUMNS["liveness"]) - 1
