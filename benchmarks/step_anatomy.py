@@ -25,7 +25,11 @@ Usage: python benchmarks/step_anatomy.py [--tokens 24] [--kv growing|fixed]
 from __future__ import annotations
 
 import argparse
+import bisect
+import json
+import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -62,6 +66,32 @@ def hot_time(executor, plan_index: int) -> float:
     return statistics.median(times[2:])
 
 
+def peer_kernel_times(path: str, tokens: int, kv: str) -> tuple[dict[str, list[float]], int]:
+    """(op type -> onnxruntime's kernel seconds per call in its decode steps, the number
+    of those steps), from a profiled session of its own: the same decode, the same steps
+    left out. Profiling lengthens the run more than the kernels it times, so the whole
+    step compared is an unprofiled session's."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = os.path.join(folder, "step_anatomy")
+        peer = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        Generator(peer).generate(PROMPT, tokens, kv=kv, progress=False, eos_token_id=-1)
+        with open(peer.end_profiling()) as f:
+            events = json.load(f)
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
+    starts = [start for start, _ in runs]
+    per_op: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        run = bisect.bisect_right(starts, e["ts"]) - 1
+        if run >= 2 and e["ts"] <= runs[run][1]:  # the prefill and the first decode step left out
+            per_op.setdefault(e["args"].get("op_name", "?"), []).append(e["dur"] * 1e-6)
+    return per_op, max(len(runs) - 2, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=24)
@@ -76,6 +106,7 @@ def main() -> None:
     per_node, steps = in_step_times(ours, args.tokens, args.kv)
     peer_steps = Generator(peer).generate(PROMPT, args.tokens, kv=args.kv, progress=False,
                                           eos_token_id=-1).step_times[2:]
+    peer_ops, peer_n = peer_kernel_times(str(path), args.tokens, args.kv)
     executor = ours.executor
     by_op: dict[str, dict] = {}
     for k, times in per_node.items():
@@ -85,25 +116,41 @@ def main() -> None:
         row["in_step"] += times
         row["hot"].append(hot_time(executor, k))
     n_steps = len(steps)
-    print(f"SmolLM2, {args.kv} KV, capture off, {n_steps} decode steps (median per call)")
-    print(f"{'op':34s} {'calls/step':>10s} {'in step us':>11s} {'hot us':>8s} {'ratio':>6s} {'ms/step':>8s}")
-    totals = {"products": 0.0, "other in step": 0.0, "other hot": 0.0}
+    print(f"SmolLM2, {args.kv} KV, capture off, {n_steps} decode steps (median per call); onnxruntime: "
+          "its kernels' own times in a profiled decode")
+    print(f"{'op':34s} {'calls/step':>10s} {'in step us':>11s} {'hot us':>8s} {'ratio':>6s} {'ms/step':>8s}"
+          f" {'ort us':>7s} {'ort ms/step':>11s}")
+    totals = {"products": 0.0, "other in step": 0.0, "other hot": 0.0, "peer products": 0.0, "peer other": 0.0}
     for op, row in sorted(by_op.items(), key=lambda item: -sum(item[1]["in_step"])):
         calls = row["calls"] / n_steps
         in_step, hot = statistics.median(row["in_step"]), statistics.median(row["hot"])
         per_step = sum(row["in_step"]) / n_steps
-        if op in ("MatMul", "Gemm", "MatMulNBits"):
+        peer_times = peer_ops.pop(op, [])
+        peer_per_step = sum(peer_times) / peer_n
+        product = op in ("MatMul", "Gemm", "MatMulNBits")
+        if product:
             totals["products"] += per_step
         else:
             totals["other in step"] += per_step
             totals["other hot"] += hot * calls
-        print(f"{op:34s} {calls:10.1f} {in_step * 1e6:11.1f} {hot * 1e6:8.1f} {in_step / hot:6.2f} {per_step * 1e3:8.2f}")
+        totals["peer products" if product else "peer other"] += peer_per_step
+        peer_cells = (f" {statistics.median(peer_times) * 1e6:7.1f} {peer_per_step * 1e3:11.2f}" if peer_times
+                      else f" {'-':>7s} {'-':>11s}")
+        print(f"{op:34s} {calls:10.1f} {in_step * 1e6:11.1f} {hot * 1e6:8.1f} {in_step / hot:6.2f} "
+              f"{per_step * 1e3:8.2f}{peer_cells}")
+    for op, peer_times in sorted(peer_ops.items()):  # onnxruntime's own ops (its fusions, say)
+        peer_per_step = sum(peer_times) / peer_n
+        totals["peer other"] += peer_per_step
+        print(f"{op:34s} {'-':>10s} {'-':>11s} {'-':>8s} {'-':>6s} {'-':>8s} "
+              f"{statistics.median(peer_times) * 1e6:7.1f} {peer_per_step * 1e3:11.2f}")
     step, peer_step = statistics.median(steps), statistics.median(peer_steps)
     kernels = totals["products"] + totals["other in step"]
     print(f"\nper step (ms): weight products {totals['products'] * 1e3:.2f}; other kernels "
           f"{totals['other in step'] * 1e3:.2f} in the step, {totals['other hot'] * 1e3:.2f} hot; "
           f"outside kernels {(step - kernels) * 1e3:.2f}")
-    print(f"whole step: workbench (capture off) {step * 1e3:.2f}, onnxruntime {peer_step * 1e3:.2f}, "
+    print(f"onnxruntime's kernels (profiled): weight products {totals['peer products'] * 1e3:.2f}; other kernels "
+          f"{totals['peer other'] * 1e3:.2f}")
+    print(f"whole step: workbench (capture off) {step * 1e3:.2f}, onnxruntime (unprofiled) {peer_step * 1e3:.2f}, "
           f"ratio {step / peer_step:.2f}")
 
 
