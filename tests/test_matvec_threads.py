@@ -1,5 +1,5 @@
 """Rule `matvec_threads` (level "all"): weights just under OpenBLAS's threading threshold
-padded with zero columns, a Slice taking the real ones back; and the layout level "all"
+padded with zero columns, Slices (and a Concat) taking the real ones back; and the layout level "all"
 gives MatMul weights on such a machine (column-major, but wide weights row-major). They
 change how a product is computed (on both cores, in another order), never its value:
 checked against onnxruntime run after run on one input buffer, and by a token-exact
@@ -37,6 +37,16 @@ def test_which_weights_are_padded_and_to_what_width():
     assert matvec_threads.padded_width(576, 960) is None
     assert matvec_threads.padded_width(576, 400) is None, "would stream 2x the bytes for 2x bandwidth"
     assert matvec_threads.padded_width(64, 64) is None
+
+
+def test_the_real_columns_are_split_between_openblas_two_threads_on_page_boundaries():
+    """OpenBLAS's first thread takes ceil(width / 2) outputs: the second half of the real
+    columns starts on a 4 KiB page boundary at or before that, so the gap is whole pages."""
+    assert matvec_threads.balanced_halves(576, 576, 801) == (288, 400)  # 400 x 2304 bytes: 225 pages
+    assert (400 * 576 * 4) % 4096 == 0 and (288 * 576 * 4) % 4096 == 0
+    assert matvec_threads.balanced_halves(1024, 400, 451) == (200, 226)  # a column is a page
+    assert matvec_threads.balanced_halves(576, 700, 801) == (350, 400)
+    assert matvec_threads.balanced_halves(576, 799, 801) is None, "already even: nothing between the halves"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
@@ -87,11 +97,16 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     padded = session.recording.rewrites().query("rule == 'matvec_threads'")
     assert len(padded) == 1 and len(padded.original_nodes.iloc[0]) == 2, "w_o padded once for both readers"
     ops = [n.op_type for n in session.graph.nodes]
-    assert ops.count("Slice") == 2 and ops.count("MatMul") == 3
+    assert ops.count("Slice") == 4 and ops.count("Concat") == 2 and ops.count("MatMul") == 3, \
+        "each reader: the product, its two halves' slices and their concatenation"
     wide = session.graph.initializers[session.graph.by_name[padded.result.iloc[0]]]
     if sys.platform.startswith("linux"):  # before anything reads them: no page of the zero columns exists
-        assert not any(pages_present(wide[:, 576:])), "the zero columns were written: they would stream from memory"
-    assert wide.shape == (576, 801) and not wide[:, 576:].any() and wide.flags.f_contiguous
+        for zeros in (wide[:, 288:400], wide[:, 688:]):
+            assert not any(pages_present(zeros)), "the zero columns were written: they would stream from memory"
+    assert wide.shape == (576, 801) and wide.flags.f_contiguous and huge_pages.keeps_zero_pages(wide)
+    w_o = numpy_helper.to_array(model.graph.initializer[0])
+    assert np.array_equal(wide[:, :288], w_o[:, :288]) and np.array_equal(wide[:, 400:688], w_o[:, 288:])
+    assert not wide[:, 288:400].any() and not wide[:, 688:].any()
     assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
         "576x960 is wide: OpenBLAS reads it faster as the file has it"
     runs = runs_on_one_buffer(session, ort_session(model), (1, rows, 576), RUNS, np.random.default_rng(9),

@@ -22,9 +22,10 @@ weight at load anyway (`matmul_siblings`, `matvec_layout`, `matvec_threads`) all
 it there through `new_weight` while `placing_weights(arena)` is in effect, and this
 rule copies in the MatMul weights no rule rewrote (a wide lm_head still mapped from
 its file). Nothing about a weight changes but where its bytes live: the same values
-in the same layout. A padded weight's zero columns (`matvec_threads`) begin a 2 MiB
-page of their own that is never written, so they still read as the kernel's shared
-zero page, resident nowhere.
+in the same layout. A padded weight's zero tail (`matvec_threads`) begins a 2 MiB
+page of their own that is never written, so it still reads as the kernel's shared
+zero page, resident nowhere; a padding with zero columns between two halves stays
+in the 4 KiB `ZeroPages` it was written to (a huge page would be written whole).
 
 Only where the kernel backs such memory with huge pages: Linux, transparent huge
 pages not "never".
@@ -166,17 +167,31 @@ def new_weight(shape: tuple[int, ...], dtype: np.dtype, order: str = "C", zero_t
     return np.empty(shape, dtype, order=order)
 
 
+class ZeroPages(mmap.mmap):
+    """Private anonymous memory in 4 KiB pages whose unwritten pages are meant to stay
+    the kernel's shared zero page (`zero_tail_array`): the `huge_pages` rule leaves an
+    array in it where it is, since copying it would write those zeros."""
+
+
 def zero_tail_array(shape: tuple[int, ...], dtype: np.dtype, order: str) -> np.ndarray:
     """An array of zeros in private anonymous memory of its own (where the platform has
     it): pages nobody writes stay the kernel's shared zero page, read from cache and
-    resident nowhere, so only what the caller fills costs memory and bandwidth. Elsewhere
-    plain `np.zeros`, the same values."""
+    resident nowhere, so only what the caller fills costs memory and bandwidth; 4 KiB
+    pages, so that a zero range inside the array stays unwritten when the rest is
+    filled. Elsewhere plain `np.zeros`, the same values."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     private = getattr(mmap, "MAP_PRIVATE", None)
     if private is None or nbytes == 0:
         return np.zeros(shape, dtype, order=order)
-    memory = mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
+    memory = ZeroPages(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)  # a huge page would be written whole at the first write
     return np.ndarray(shape, dtype, buffer=memory, order=order)  # keeps the map alive through .base
+
+
+def keeps_zero_pages(array: np.ndarray) -> bool:
+    """Whether `array` lives in `ZeroPages` memory (its zeros must stay unwritten)."""
+    return isinstance(array.base, ZeroPages)
 
 
 def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) -> list[Rewrite]:
@@ -186,7 +201,7 @@ def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) 
     rewrites = []
     for vid, uses in matmul_weights(graph):
         array = graph.initializers[vid]
-        if array.nbytes < MIN_BYTES:
+        if array.nbytes < MIN_BYTES or keeps_zero_pages(array):
             continue
         if not arena.holds(array):
             order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
