@@ -110,8 +110,7 @@ def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external)
     by_name = session.graph.by_name
     names = set(moved.result)
     assert {"w_wide", "w_tall"} <= names and "w_small" not in names, names
-    padded = [n for n in session.graph.by_name if n.endswith("_padded") and n in session.graph.by_name
-              and by_name[n] in session.graph.initializers]
+    padded = [n for n, vid in by_name.items() if n.endswith("_padded") and vid in session.graph.initializers]
     assert padded and not set(padded) & names, "the padded 576x576 keeps its zero pages: not copied in"
     assert all(huge_pages.keeps_zero_pages(session.graph.initializers[by_name[n]]) for n in padded)
     for name in names:
