@@ -19,6 +19,7 @@ from oracles import tensor as _tensor
 import workbench
 import workbench.ops.contrib_attention as contrib_attention
 import workbench.ops.gqa_host_decode as gqa_host_decode
+import workbench.ops.rotary_matrix as rotary_matrix
 from workbench import SessionOptions
 
 RUNS = 8
@@ -345,6 +346,78 @@ def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monke
     assert calls_at[-1] == calls_at[RUNS // 2], f"prepared again at steady state: {calls_at}"
     assert (session.recording.capture_events().event == "replay").any()
 
+
+
+def test_gqa_layers_share_one_rotation_matrix_filled_once_a_step_vs_onnxruntime(monkeypatch):
+    """Layers reading the same constant cos/sin caches rotate through one shared matrix,
+    refilled only when the position moves (once a step, not once a layer); positions
+    that repeat and jump ahead, every run against onnxruntime."""
+    seen = []
+    real = rotary_matrix.RotationMatrix.at
+
+    def spy(rotation, position):
+        seen.append((id(rotation), position, rotation.position != position))
+        return real(rotation, position)
+    monkeypatch.setattr(rotary_matrix.RotationMatrix, "at", spy)
+    model, kv_shape, hidden = _two_layer_gqa_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(17)
+    x = np.empty((1, 1, hidden), np.float32)
+    caches = {f"{kind}{layer}": np.zeros(kv_shape, np.float32) for layer in range(2) for kind in ("key", "value")}
+    reference = {name: cache.copy() for name, cache in caches.items()}
+    seqlens, total = np.empty((1,), np.int32), np.empty((), np.int32)
+    attn = np.empty((1, 1, hidden), np.float32)
+    binding = session.io_binding()
+    for name, arr in (("x", x), ("seqlens_k", seqlens), ("total_sequence_length", total)):
+        binding.bind_input(name, arr)
+    binding.bind_output("attn1", attn)
+    for name, cache in caches.items():
+        binding.bind_input(f"past_{name}", cache)
+        binding.bind_output(f"present_{name}", cache)
+    positions = [2, 3, 3, 9, 10, 10, 11, 17]
+    for run, position in enumerate(positions):
+        x[...] = rng.standard_normal(x.shape)
+        seqlens[...] = position
+        total[...] = position + 1
+        feeds = {"x": x.copy(), "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()}
+        feeds.update({f"past_{name}": cache for name, cache in reference.items()})
+        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, feeds)))
+        session.run_with_iobinding(binding)
+        _close(attn, want["attn1"], run, "attention output")
+        for name, cache in caches.items():
+            _close(cache, want[f"present_{name}"], run, f"present_{name}")
+        reference = {name: want[f"present_{name}"] for name in caches}
+    assert len({matrix for matrix, _, _ in seen}) == 1, "the two layers must share one matrix"
+    steady = seen[-2 * 5:]  # the last five runs, both layers: prepared calls throughout
+    assert [position for _, position, _ in steady] == [p for p in positions[-5:] for _ in range(2)]
+    refilled = [position for _, position, fill in steady if fill]
+    assert refilled == [9, 10, 11, 17], "refilled once per new position, by the first layer"
+    assert (session.recording.capture_events().event == "replay").any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rotation_matrix_holds_cos_and_signed_sin_where_a_rotation_puts_them(dtype):
+    """R_p against the dense matrix written out by hand, and x @ R_p against the
+    elementwise rotation within rounding, at positions visited out of order."""
+    rng = np.random.default_rng(4)
+    half = 8
+    cos, sin = (rng.standard_normal((20, half)).astype(dtype) for _ in range(2))
+    rotation = rotary_matrix.rotation_matrix(cos, sin)
+    assert rotary_matrix.rotation_matrix(cos, sin) is rotation
+    assert rotary_matrix.rotation_matrix(cos, sin.copy()) is not rotation
+    for p in (3, 3, 0, 19, 7):
+        dense = np.zeros((2 * half, 2 * half), dtype)
+        i = np.arange(half)
+        dense[i, i] = dense[i + half, i + half] = cos[p]
+        dense[i + half, i] = -sin[p]
+        dense[i, i + half] = sin[p]
+        got = rotation.at(p)
+        np.testing.assert_array_equal(got, dense)
+        x = rng.standard_normal((5, 2 * half)).astype(dtype)
+        elementwise = np.concatenate([x[:, :half] * cos[p] - x[:, half:] * sin[p],
+                                      x[:, half:] * cos[p] + x[:, :half] * sin[p]], axis=1)
+        np.testing.assert_allclose(x @ got, elementwise, rtol=1e-5, atol=1e-6)
 
 def _sibling_matmul_model(rows, opset):
     """x feeds three MatMuls with their own weights (widths 8, 4, 12); one product is a

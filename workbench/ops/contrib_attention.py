@@ -36,7 +36,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .gqa_host_decode import SIGNS, HostDecode, caches_in, signed_sin_table, write_presents
+from .gqa_host_decode import SIGNS, HostDecode, caches_in, write_presents
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -48,6 +48,7 @@ from .registry import (
     register,
     with_replay_form,
 )
+from .rotary_matrix import RotationMatrix, rotation_matrix
 
 # --- rotary embedding ---------------------------------------------------------------
 
@@ -446,16 +447,16 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # configuration, the prepared `HostDecode`
     steady = SameArrays()
     plain_host = xp is np and softcap == 0.0 and not smooth_softmax
-    signed_sin: list = [None, None]  # (the sin cache initializer, its signed table)
 
-    def signed_sin_of(sin_cache: Any) -> Any:
-        """The signed table of the model's own sin cache (an initializer, never written);
-        None for a sin cache computed or fed at run time, whose contents may change."""
-        if sin_cache is None or sin_cache is not info.initializer_inputs.get(8):
+    def rotation_of(inputs: list) -> RotationMatrix | None:
+        """The shared rotation matrix of the model's own cos/sin caches (initializers, never
+        written); None for caches computed or fed at run time, whose contents may change."""
+        n_in = len(inputs)
+        cos_cache, sin_cache = (inputs[7], inputs[8]) if n_in > 8 else (None, None)
+        if (cos_cache is None or cos_cache is not info.initializer_inputs.get(7)
+                or sin_cache is not info.initializer_inputs.get(8)):
             return None
-        if signed_sin[0] is not sin_cache:
-            signed_sin[:] = [sin_cache, signed_sin_table(sin_cache)]
-        return signed_sin[1]
+        return rotation_matrix(cos_cache, sin_cache)
 
     def decode_token(inputs: list, outs: list) -> list | None:
         """One new token of batch entry 0 (batch 1, S 1, past given, present wanted): the
@@ -536,7 +537,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         return HostDecode.prepare(inputs, outs, num_heads=num_heads, kv_heads=kv_num_heads,
                                   head_size=head_size, scale=scale_attr, rotary=do_rotary,
                                   interleaved=interleaved,
-                                  signed_sin=signed_sin_of(inputs[8] if n_in > 8 else None))
+                                  rotation=rotation_of(inputs))
 
     def steady_head_size(inputs: list, outs: list) -> int | None:
         """The head size when the one-token path applies to the arrays other than the

@@ -10,10 +10,12 @@ kept (`HostDecode.prepare`, held by `SameArrays`); a call then reads the positio
 and does the arithmetic, about twenty numpy calls, which is what the per-token cost
 of this kernel is bound by on the CPU.
 
-Every value is computed by the same operations, in the same order, as the general
-one-token path of `contrib_attention` (x·cos + swap(x)·(−sin, sin), scores scaled
-after the product, max-subtracted softmax), so the results are bit for bit those
-of that path. Only the plain configuration is taken here: full non-interleaved
+Attention is computed by the same operations, in the same order, as the general
+one-token path of `contrib_attention` (scores scaled after the product,
+max-subtracted softmax). The rotation is too (x·cos + swap(x)·(−sin, sin)) where
+the cos/sin caches are computed at run time; where they are the model's constant
+initializers it is one matrix product (`rotary_matrix`), which may round the last
+bit differently. Only the plain configuration is taken here: full non-interleaved
 rotary or none, no softcap, attention bias, head sink or smooth softmax, and one
 float dtype throughout; anything else returns None and goes the general way.
 """
@@ -24,21 +26,10 @@ import numpy as np
 
 from ..addresses import address
 from .registry import numpy_first_int
+from .rotary_matrix import RotationMatrix
 
 #: (-1, +1) down the halves axis; int8, so multiplying keeps the other operand's dtype
 SIGNS = np.array([[-1], [1]], np.int8)
-
-#: a signed sin table (the sin cache twice, with signs) is kept up to this size
-SIGNED_TABLE_LIMIT = 16 << 20
-
-
-def signed_sin_table(sin_cache: np.ndarray | None) -> np.ndarray | None:
-    """(positions, 2, half) rows of (−sin, sin), for a constant sin cache of modest
-    size; multiplying by ±1 is exact, so each row is what `sin[p] * SIGNS` gives."""
-    if sin_cache is None or sin_cache.ndim != 2 or 2 * sin_cache.nbytes > SIGNED_TABLE_LIMIT:
-        return None
-    return sin_cache[:, None, :] * SIGNS  # a new C-ordered array
-
 
 def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int,
                         kv_hidden: int) -> np.ndarray | None:
@@ -96,13 +87,13 @@ def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_r
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
-    __slots__ = ("alpha", "cos", "sin", "signed_sin", "halves", "swapped_halves", "pair", "rotated",
-                 "swapped", "q", "k_rows", "v_rows", "out")
+    __slots__ = ("alpha", "cos", "sin", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
+                 "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out")
 
     @classmethod
     def prepare(cls, inputs: list, outs: list, *, num_heads: int, kv_heads: int, head_size: int,
                 scale: float, rotary: bool, interleaved: bool,
-                signed_sin: np.ndarray | None) -> HostDecode | None:
+                rotation: RotationMatrix | None) -> HostDecode | None:
         """The prepared call for these arrays, or None where the plain configuration
         does not hold (the caller then takes the general one-token path)."""
         query, key, value = inputs[0], inputs[1], inputs[2]
@@ -126,9 +117,9 @@ class HostDecode:
             v_rows = value.reshape(-1)
         self.v_rows = v_rows.reshape(kv_heads, head_size)
         self.out = out.reshape(kv_heads, group, head_size)
-        self.cos = self.sin = self.signed_sin = self.halves = self.swapped_halves = self.pair = None
+        self.cos = self.sin = self.rotation = self.rows = self.halves = self.swapped_halves = self.pair = None
         if not rotary:
-            self.rotated = self.swapped = None
+            self.rotated = self.rotated_rows = self.swapped = None
             self.q = query.reshape(-1)[:q_hidden].reshape(kv_heads, group, head_size)
             self.k_rows = (query.reshape(-1)[q_hidden:q_hidden + kv_hidden] if key is None
                            else key.reshape(-1)).reshape(kv_heads, head_size)
@@ -147,11 +138,11 @@ class HostDecode:
         self.halves = source.reshape(rows, 2, half)
         self.swapped_halves = self.halves[:, ::-1]
         self.cos, self.sin = cos_cache, sin_cache
-        self.signed_sin = signed_sin if signed_sin is not None and signed_sin.shape[0] == cos_cache.shape[0] \
-            and signed_sin.dtype == ct else None
+        if rotation is not None and rotation.cos is cos_cache and rotation.sin is sin_cache:
+            self.rotation, self.rows = rotation, source.reshape(rows, head_size)
         self.rotated = np.empty((rows, 2, half), ct)
         self.swapped = np.empty((rows, 2, half), ct)
-        flat = self.rotated.reshape(rows, head_size)
+        flat = self.rotated_rows = self.rotated.reshape(rows, head_size)
         self.q = flat[:num_heads].reshape(kv_heads, group, head_size)
         self.k_rows = flat[num_heads:]
         return self
@@ -170,10 +161,12 @@ class HostDecode:
             r = min(max(r, 0), self.cos.shape[0] - 1)
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
-            np.multiply(self.halves, self.cos[r], out=self.rotated)
-            np.multiply(self.swapped_halves, self.signed_sin[r] if self.signed_sin is not None
-                        else self.sin[r] * SIGNS, out=self.swapped)
-            np.add(self.rotated, self.swapped, out=self.rotated)
+            if self.rotation is not None:  # constant caches: one product (`rotary_matrix`)
+                np.matmul(self.rows, self.rotation.at(r), out=self.rotated_rows)
+            else:
+                np.multiply(self.halves, self.cos[r], out=self.rotated)
+                np.multiply(self.swapped_halves, self.sin[r] * SIGNS, out=self.swapped)
+                np.add(self.rotated, self.swapped, out=self.rotated)
 
         presents = write_presents(outs, past_key, past_value, self.k_rows, self.v_rows, present_shape, shared, pos)
 
