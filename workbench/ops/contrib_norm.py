@@ -23,6 +23,15 @@ from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 
+def row_rms(row: np.ndarray, consts: tuple, ct: np.dtype) -> Any:
+    """sqrt(mean(row²) + eps) of one host row, as a scalar of the compute dtype `ct`:
+    the squares summed by one dot product (a decode step's norms run cold, after a
+    weight product, where each numpy call costs several microseconds), the rest in
+    `ct`'s arithmetic (a float64 sqrt rounded to float32 is float32's sqrt).
+    `consts`: (row length, eps) as scalars of `ct`."""
+    return ct.type(math.sqrt(np.dot(row, row) / consts[0] + consts[1]))
+
+
 def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     xp = info.xp
     eps = float(info.attr("epsilon", 1e-12))
@@ -47,12 +56,8 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
 
     def normalize_row(gamma: Any, s: Any, y: Any, flat: Any, s_flat: Any, consts: tuple, ct: np.dtype,
                       results: tuple) -> list:
-        """`one_row` once the sum is in `s`: the scale as host scalars of the compute
-        dtype, with the array path's roundings (a float64 sqrt rounded to float32 is
-        float32's sqrt)."""
-        np.multiply(s, s, out=y)
-        denom = ct.type(math.sqrt(np.add.reduce(flat) / consts[0] + consts[1]))
-        np.divide(s_flat, denom, out=flat)
+        """`one_row` once the sum is in `s`."""
+        np.divide(s_flat, row_rms(s_flat, consts, ct), out=flat)
         np.multiply(flat, gamma, out=flat, dtype=ct)
         return list(results)
 
@@ -80,7 +85,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         s = xp.add(x, skip, out=s_buf, dtype=ct)
         if bias is not None:
             xp.add(s, bias, out=s, dtype=ct)
-        # y's buffer (the output itself where it holds the compute dtype) first takes s * s
+        # y's buffer: the output itself where it holds the compute dtype
         y = y_out if (y_out is not None and y_out.dtype == ct and y_out.shape == s.shape) else None
         mean = None
         if (simplified and xp is np and s.size == hidden and s is s_buf and y is y_out and bias is None
@@ -90,18 +95,18 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
             plan = (gamma, s, y, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
             planned.keep(inputs, outs, (x, skip, *plan))
             return normalize_row(*plan)
-        y = xp.multiply(s, s, out=y)
         if simplified and xp is np and s.size == hidden:
-            # one row (decode): the scale as host scalars of the compute dtype, with the
-            # array path's roundings (a float64 sqrt rounded to float32 is float32's sqrt)
-            flat = y.reshape(-1)
-            denom = ct.type(math.sqrt(np.add.reduce(flat) / consts[0] + consts[1]))
-            np.divide(s.reshape(-1), denom, out=flat)
+            # one row (decode), as `normalize_row` computes it
+            y = np.empty(s.shape, ct) if y is None else y
+            flat, s_flat = y.reshape(-1), s.reshape(-1)
+            denom = row_rms(s_flat, consts, ct)
+            np.divide(s_flat, denom, out=flat)
             if gamma.ndim == 1:
                 np.multiply(flat, gamma, out=flat, dtype=ct)
             else:
                 np.multiply(y, gamma, out=y, dtype=ct)
         else:
+            y = xp.multiply(s, s, out=y)
             mean_sq = row_sum(y, axis=-1, keepdims=True)
             mean_sq /= consts[0]
             if simplified:

@@ -13,7 +13,7 @@ shared by all of them (`rotation_matrix`) and refilled only when the position mo
 once per step, not once per layer.
 
 Values: the product adds the two nonzero terms with the BLAS kernel's rounding (a
-fused multiply-add where the CPU has one) and 62 exact zeros, so a result may differ
+fused multiply-add where the CPU has one) and head - 2 exact zeros, so a result may differ
 from the elementwise form in its last bit, as onnxruntime's own rotary kernel may. A
 non-finite feature (inf times the zeros) turns its whole rotated head row to NaN,
 where the elementwise form leaves NaN or inf in two places: a head that overflowed is
