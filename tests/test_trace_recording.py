@@ -498,6 +498,31 @@ def test_buffer_and_view_spans_are_the_rows_of_single_calls():
     assert len(spans.views()) == 9 and (spans.buffer_events().event == "pin").sum() == 5
 
 
+def test_buffer_rows_are_the_rows_of_single_calls():
+    """A memo-replayed step hands the buffer events of its preallocation over as one
+    flat block of fields: every table and the events in emission order are what one
+    `buffer` call per row gives; fields that are not whole rows are refused."""
+    rows = (("alloc", 3, 64, 1), ("reuse", 7, 32, 4), ("alloc", 9, 128, 6))
+    flat, singles = Recording(), Recording()
+    for step in range(3):
+        for r in (flat, singles):
+            r.begin_step(phase="decode")
+            r.node(0, "eager", 1e-6)
+        flat.buffer_rows(tuple(field for row in rows[step % 2:] for field in row))
+        for row in rows[step % 2:]:
+            singles.buffer(*row)
+        for r in (flat, singles):
+            r.buffer("release", 9, 128, 7)
+            r.end_step(1e-3)
+    flat.buffer_rows(())  # nothing: no rows, no events
+    assert flat.n_events == singles.n_events
+    pd.testing.assert_frame_equal(flat.buffer_events(), singles.buffer_events())
+    assert list(flat.events()) == list(singles.events())
+    assert flat.buffer_events().event.tolist()[:4] == ["alloc", "reuse", "alloc", "release"]
+    with pytest.raises(TraceError, match="not whole rows of 4"):
+        flat.buffer_rows(("alloc", 3, 64))
+
+
 def test_node_spans_and_flat_rows_are_the_rows_of_single_calls():
     """A replayed segment's node span is one `node` row per index, the duration shared
     evenly; `add_flat_rows` is `add_rows` with the fields one after another: the same

@@ -43,6 +43,11 @@ class Backend(Protocol):
     def synchronize(self) -> None:
         """Wait for queued device work to finish."""
 
+    #: a zero-argument clock in seconds whose differences are what `stop_timer` would
+    #: give (a host backend's wall clock), or None where timing takes the backend's
+    #: own timers (device events)
+    host_clock: Any
+
     def start_timer(self) -> Any:
         """Mark the start of timed work on the backend's stream."""
 

@@ -45,6 +45,7 @@ class CudaBackend:
     #: stream capture records without executing: a captured segment must be launched
     capture_executes_work = False
     buffers_are_host = False  # a caller gets host copies
+    host_clock = None  # nodes are timed by events on the stream
 
     def __init__(self, cupy: Any = None) -> None:
         if cupy is None:

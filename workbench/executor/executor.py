@@ -58,6 +58,7 @@ class Executor(DecodeMemoSteps):
                  cache: KernelCache | None = None, jit_only: bool = False):
         self.graph = graph
         self.backend = backend
+        self._host_clock = getattr(backend, "host_clock", None)  # see `Backend.host_clock`
         self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
@@ -119,10 +120,16 @@ class Executor(DecodeMemoSteps):
 
     # -- buffers --------------------------------------------------------------------
 
-    def _buffer(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, plan_index: int = -1) -> Any:
+    def _buffer(self, vid: int, shape: tuple[int, ...], dtype: np.dtype, plan_index: int = -1,
+                events: list | None = None) -> Any:
+        """`vid`'s buffer of this shape and dtype: the slot's own again, or a new one. Its
+        buffer event goes to the Recording, or onto `events` (its fields, for a caller
+        that hands a step's many events over at once: `Recording.buffer_rows`)."""
         buf = self.state.buffers.get(vid)
         if buf is not None and buf.shape == shape and buf.dtype == dtype:
-            if self.recording is not None:
+            if events is not None:
+                events += ("reuse", vid, buf.nbytes, plan_index)
+            elif self.recording is not None:
                 self.recording.buffer("reuse", vid, buf.nbytes, plan_index)
             return buf
         if buf is not None:
@@ -139,7 +146,9 @@ class Executor(DecodeMemoSteps):
         self.state.buffers[vid] = buf
         self._resident += buf.nbytes
         self._peak = max(self._peak, self._resident)
-        if self.recording is not None:
+        if events is not None:
+            events += ("alloc", vid, buf.nbytes, plan_index)
+        elif self.recording is not None:
             self.recording.buffer("alloc", vid, buf.nbytes, plan_index)
         return buf
 
@@ -379,7 +388,8 @@ class Executor(DecodeMemoSteps):
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         # device time, not launch time: the backend's timer waits for the node's kernels
-        t0 = self.backend.start_timer() if rec is not None else None
+        clock = self._host_clock
+        t0 = None if rec is None else clock() if clock is not None else self.backend.start_timer()
         try:
             res = p.fn(ins, outs)
         except CaptureViolation as violation:
@@ -392,7 +402,7 @@ class Executor(DecodeMemoSteps):
                 raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
         if rec is not None:
-            rec.node(p.index, "eager", self.backend.stop_timer(t0))
+            rec.node(p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0))
         materialized = None  # while recording: (slot, array) of outputs created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:

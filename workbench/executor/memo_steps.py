@@ -50,8 +50,12 @@ class DecodeMemoSteps:
             shapes[vid] = tuple(arr.shape)
             k, j = self.state.bound_slots[vid]
             self.state.dispatch[k].outs[j] = arr
+        rec = self.recording
+        events = [] if rec is not None else None  # a growing decode's dozens of buffer events, as one block
         for k, j, vid, owner in self.state.variant_preallocated:
-            self.state.dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k)
+            self.state.dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k, events)
+        if events:
+            rec.buffer_rows(tuple(events))
     def _verify_shapes_against_kernels(self, env: list) -> None:
         """Verify mode: every shape the replay served must be the shape the kernels
         actually produced this step (an independent witness, unlike a second resolve)."""

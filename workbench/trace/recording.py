@@ -171,12 +171,13 @@ class _FlatRows:
 
 def _expanded(flat: list, width: int, span_rows: Any) -> list:
     """A flat pending list with its spans replaced by the rows they stand for. A span
-    takes one row's `width` fields, the step first and a tuple in the second field
-    (where a plain row has an int or a str); `span_rows(fields)` gives its rows."""
+    takes one row's `width` fields, the step first and a tuple (or `_FlatRows`) in the
+    second field (where a plain row has an int or a str); `span_rows(fields)` gives
+    its rows."""
     out: list = []
     for i in range(0, len(flat), width):
         fields = flat[i:i + width]
-        if type(fields[1]) is tuple:
+        if type(fields[1]) is tuple or type(fields[1]) is _FlatRows:
             for row in span_rows(fields):
                 out.extend(row)
         else:
@@ -198,7 +199,7 @@ class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
     Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
-    `node_span`, `buffer`, `buffer_span`, `view`, `view_span`, `alias`, `materialize`,
+    `node_span`, `buffer`, `buffer_span`, `buffer_rows`, `view`, `view_span`, `alias`, `materialize`,
     `liveness`, `end_step`, `add_row`, `add_rows`.
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
@@ -337,6 +338,17 @@ class Recording:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
             self._order.extend(_codes(CODE_BUFFER, len(rows)))
             self._bu.extend((self._step, rows, None, None, None))
+            self._spans += 1
+
+    def buffer_rows(self, fields: tuple) -> None:
+        """`buffer_span` with the rows' fields one after another in one tuple (event,
+        value_id, nbytes, plan_index, then the next row's): no tuple per row for the
+        garbage collector to count."""
+        if len(fields) % 4:
+            raise TraceError(f"buffer_rows: {len(fields)} fields are not whole rows of 4")
+        if fields:
+            self._order.extend(_codes(CODE_BUFFER, len(fields) // 4))
+            self._bu.extend((self._step, _FlatRows(fields, 4), None, None, None))
             self._spans += 1
 
     def view_span(self, rows: tuple) -> None:
