@@ -293,6 +293,41 @@ def _two_layer_gqa_model(*, heads=4, kv_heads=2, head=16, capacity=24, max_pos=6
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8), kv_shape, hidden
 
 
+def _two_layers_on_bound_caches_vs_onnxruntime(session, model, positions, after_run=lambda: None):
+    """Decode runs of `_two_layer_gqa_model` at `positions` (seqlens_k), the caches bound
+    in place as past and present, x new each run: every output against onnxruntime's,
+    given copies of the reference caches."""
+    oracle = _ort(model)
+    rng = np.random.default_rng(len(positions))
+    kv_shape = [d.dim_value for d in model.graph.input[1].type.tensor_type.shape.dim]
+    hidden = model.graph.input[0].type.tensor_type.shape.dim[2].dim_value
+    x = np.empty((1, 1, hidden), np.float32)
+    caches = {f"{kind}{layer}": np.zeros(kv_shape, np.float32) for layer in range(2) for kind in ("key", "value")}
+    reference = {name: cache.copy() for name, cache in caches.items()}
+    seqlens, total = np.empty((1,), np.int32), np.empty((), np.int32)
+    attn = np.empty((1, 1, hidden), np.float32)
+    binding = session.io_binding()
+    for name, arr in (("x", x), ("seqlens_k", seqlens), ("total_sequence_length", total)):
+        binding.bind_input(name, arr)
+    binding.bind_output("attn1", attn)
+    for name, cache in caches.items():
+        binding.bind_input(f"past_{name}", cache)
+        binding.bind_output(f"present_{name}", cache)
+    for run, position in enumerate(positions):
+        x[...] = rng.standard_normal(x.shape)
+        seqlens[...] = position
+        total[...] = position + 1
+        feeds = {"x": x.copy(), "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()}
+        feeds.update({f"past_{name}": cache for name, cache in reference.items()})
+        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, feeds)))
+        session.run_with_iobinding(binding)
+        _close(attn, want["attn1"], run, "attention output")
+        for name, cache in caches.items():
+            _close(cache, want[f"present_{name}"], run, f"present_{name}")
+        reference = {name: want[f"present_{name}"] for name in caches}
+        after_run()
+
+
 def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monkeypatch):
     """Two GQA nodes whose kernels would match in every cache key (shapes, attributes, the
     shared cos/sin): each gets its own build, so each keeps the views prepared for its own
@@ -310,42 +345,15 @@ def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monke
     relus = workbench.InferenceSession(helper.make_model(relu, opset_imports=OPSET, ir_version=8))
     assert relus.executor.plan.nodes[0].fn is relus.executor.plan.nodes[1].fn, "look-alikes still share a build"
 
-    model, kv_shape, hidden = _two_layer_gqa_model()
+    model, _, _ = _two_layer_gqa_model()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
     gqa = [p for p in session.executor.plan.nodes if p.node.op_type == "GroupQueryAttention"]
     assert gqa[0].fn is not gqa[1].fn
-    oracle = _ort(model)
-    rng = np.random.default_rng(8)
-    x = np.empty((1, 1, hidden), np.float32)
-    caches = {f"{kind}{layer}": np.zeros(kv_shape, np.float32) for layer in range(2) for kind in ("key", "value")}
-    reference = {name: cache.copy() for name, cache in caches.items()}
-    seqlens, total = np.empty((1,), np.int32), np.empty((), np.int32)
-    attn = np.empty((1, 1, hidden), np.float32)
-    binding = session.io_binding()
-    binding.bind_input("x", x)
-    binding.bind_input("seqlens_k", seqlens)
-    binding.bind_input("total_sequence_length", total)
-    binding.bind_output("attn1", attn)
-    for name, cache in caches.items():
-        binding.bind_input(f"past_{name}", cache)
-        binding.bind_output(f"present_{name}", cache)
     calls_at = []
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        seqlens[...] = 2 + run
-        total[...] = seqlens[0] + 1
-        feeds = {"x": x.copy(), "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()}
-        feeds.update({f"past_{name}": cache for name, cache in reference.items()})
-        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, feeds)))
-        session.run_with_iobinding(binding)
-        _close(attn, want["attn1"], run, "attention output")
-        for name, cache in caches.items():
-            _close(cache, want[f"present_{name}"], run, f"present_{name}")
-        reference = {name: want[f"present_{name}"] for name in caches}
-        calls_at.append(len(prepares))
+    _two_layers_on_bound_caches_vs_onnxruntime(session, model, [2 + run for run in range(RUNS)],
+                                               after_run=lambda: calls_at.append(len(prepares)))
     assert calls_at[-1] == calls_at[RUNS // 2], f"prepared again at steady state: {calls_at}"
     assert (session.recording.capture_events().event == "replay").any()
-
 
 
 def test_gqa_layers_share_one_rotation_matrix_filled_once_a_step_vs_onnxruntime(monkeypatch):
@@ -359,35 +367,10 @@ def test_gqa_layers_share_one_rotation_matrix_filled_once_a_step_vs_onnxruntime(
         seen.append((id(rotation), position, rotation.position != position))
         return real(rotation, position)
     monkeypatch.setattr(rotary_matrix.RotationMatrix, "at", spy)
-    model, kv_shape, hidden = _two_layer_gqa_model()
+    model, _, _ = _two_layer_gqa_model()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
-    oracle = _ort(model)
-    rng = np.random.default_rng(17)
-    x = np.empty((1, 1, hidden), np.float32)
-    caches = {f"{kind}{layer}": np.zeros(kv_shape, np.float32) for layer in range(2) for kind in ("key", "value")}
-    reference = {name: cache.copy() for name, cache in caches.items()}
-    seqlens, total = np.empty((1,), np.int32), np.empty((), np.int32)
-    attn = np.empty((1, 1, hidden), np.float32)
-    binding = session.io_binding()
-    for name, arr in (("x", x), ("seqlens_k", seqlens), ("total_sequence_length", total)):
-        binding.bind_input(name, arr)
-    binding.bind_output("attn1", attn)
-    for name, cache in caches.items():
-        binding.bind_input(f"past_{name}", cache)
-        binding.bind_output(f"present_{name}", cache)
     positions = [2, 3, 3, 9, 10, 10, 11, 17]
-    for run, position in enumerate(positions):
-        x[...] = rng.standard_normal(x.shape)
-        seqlens[...] = position
-        total[...] = position + 1
-        feeds = {"x": x.copy(), "seqlens_k": seqlens.copy(), "total_sequence_length": total.copy()}
-        feeds.update({f"past_{name}": cache for name, cache in reference.items()})
-        want = dict(zip([o.name for o in oracle.get_outputs()], oracle.run(None, feeds)))
-        session.run_with_iobinding(binding)
-        _close(attn, want["attn1"], run, "attention output")
-        for name, cache in caches.items():
-            _close(cache, want[f"present_{name}"], run, f"present_{name}")
-        reference = {name: want[f"present_{name}"] for name in caches}
+    _two_layers_on_bound_caches_vs_onnxruntime(session, model, positions)
     assert len({matrix for matrix, _, _ in seen}) == 1, "the two layers must share one matrix"
     steady = seen[-2 * 5:]  # the last five runs, both layers: prepared calls throughout
     assert [position for _, position, _ in steady] == [p for p in positions[-5:] for _ in range(2)]
