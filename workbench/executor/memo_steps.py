@@ -56,6 +56,7 @@ class DecodeMemoSteps:
             self.state.dispatch[k].outs[j] = self._buffer(owner, shapes[vid], values[vid].dtype, k, events)
         if events:
             rec.buffer_rows(tuple(events))
+
     def _verify_shapes_against_kernels(self, env: list) -> None:
         """Verify mode: every shape the replay served must be the shape the kernels
         actually produced this step (an independent witness, unlike a second resolve)."""

@@ -31,6 +31,7 @@ from .rotary_matrix import RotationMatrix
 #: (-1, +1) down the halves axis; int8, so multiplying keeps the other operand's dtype
 SIGNS = np.array([[-1], [1]], np.int8)
 
+
 def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int,
                         kv_hidden: int) -> np.ndarray | None:
     """query's head rows followed by key's, as one (heads + kv heads) x feature view

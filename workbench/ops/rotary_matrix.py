@@ -13,11 +13,11 @@ shared by all of them (`rotation_matrix`) and refilled only when the position mo
 once per step, not once per layer.
 
 Values: the product adds the two nonzero terms with the BLAS kernel's rounding (a
-fused multiply-add where the CPU has one) and head - 2 exact zeros, so a result may differ
-from the elementwise form in its last bit, as onnxruntime's own rotary kernel may. A
-non-finite feature (inf times the zeros) turns its whole rotated head row to NaN,
-where the elementwise form leaves NaN or inf in two places: a head that overflowed is
-garbage either way, and the attention over it is NaN in both.
+fused multiply-add where the CPU has one) and head - 2 exact zeros, so a result may
+differ from the elementwise form in its last bit, as onnxruntime's own rotary
+kernel may. A non-finite feature (inf times the zeros) turns its whole rotated head
+row to NaN, where the elementwise form leaves NaN or inf in two places: a head that
+overflowed is garbage either way, and the attention over it is NaN in both.
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ class RotationMatrix:
 
 def rotation_matrix(cos: np.ndarray, sin: np.ndarray) -> RotationMatrix | None:
     """The shared matrix of these caches (constant ones: the model's initializers,
-    whose contents never change), or None where they are not two C-ordered float
-    tables of one shape and dtype."""
+    whose contents never change), or None where they are not two 2-D float tables of
+    one shape and dtype."""
     if (not isinstance(cos, np.ndarray) or not isinstance(sin, np.ndarray) or cos.ndim != 2
             or cos.shape != sin.shape or cos.dtype != sin.dtype or cos.dtype not in (np.float32, np.float64)):
         return None
     key = (id(cos), id(sin))
     found = _SHARED.get(key)
-    if found is None or found.cos is not cos or found.sin is not sin:
+    if found is None:
         found = _SHARED[key] = RotationMatrix(cos, sin)
     return found

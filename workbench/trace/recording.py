@@ -199,8 +199,8 @@ class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
     Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
-    `node_span`, `buffer`, `buffer_span`, `buffer_rows`, `view`, `view_span`, `alias`, `materialize`,
-    `liveness`, `end_step`, `add_row`, `add_rows`.
+    `node_span`, `buffer`, `buffer_span`, `buffer_rows`, `view`, `view_span`, `alias`,
+    `materialize`, `liveness`, `end_step`, `add_row`, `add_rows`.
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
     `materializations`, `memory_summary`, `memory_plan`, `table`, `tables`, `events`,
