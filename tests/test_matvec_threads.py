@@ -42,8 +42,9 @@ def test_which_weights_are_padded_and_to_what_width():
 def test_the_real_columns_are_split_between_openblas_two_threads_on_page_boundaries():
     """OpenBLAS's first thread takes ceil(width / 2) outputs: the second half of the real
     columns starts on a 4 KiB page boundary at or before that, so the gap is whole pages."""
-    assert matvec_threads.balanced_halves(576, 576, 801) == (288, 400)  # 400 x 2304 bytes: 225 pages
-    assert (400 * 576 * 4) % 4096 == 0 and (288 * 576 * 4) % 4096 == 0
+    first, second = matvec_threads.balanced_halves(576, 576, 801)
+    assert (first, second) == (288, 400)  # 400 x 2304 bytes: 225 pages
+    assert second * 576 * 4 % 4096 == 0 and (second + 576 - first) * 576 * 4 % 4096 == 0, "gaps of whole pages"
     assert matvec_threads.balanced_halves(1024, 400, 451) == (200, 226)  # a column is a page
     assert matvec_threads.balanced_halves(576, 700, 801) == (350, 400)
     assert matvec_threads.balanced_halves(576, 799, 801) is None, "already even: nothing between the halves"

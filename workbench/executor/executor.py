@@ -388,8 +388,9 @@ class Executor(DecodeMemoSteps):
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         # device time, not launch time: the backend's timer waits for the node's kernels
-        clock = self._host_clock
-        t0 = None if rec is None else clock() if clock is not None else self.backend.start_timer()
+        if rec is not None:
+            clock = self._host_clock
+            t0 = clock() if clock is not None else self.backend.start_timer()
         try:
             res = p.fn(ins, outs)
         except CaptureViolation as violation:

@@ -48,15 +48,15 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     #: same arrays again (a replayed launch) go straight to it
     planned = SameArrays()
 
-    def one_row(x: Any, skip: Any, gamma: Any, s: Any, y: Any, flat: Any, s_flat: Any,
+    def one_row(x: Any, skip: Any, s: Any, gamma: Any, flat: Any, s_flat: Any,
                 consts: tuple, ct: np.dtype, results: tuple) -> list:
-        """The simplified norm of one row into its sum and output buffers."""
+        """The simplified norm of one row into its sum (`s`, flat: `s_flat`) and output
+        (flat: `flat`) buffers."""
         np.add(x, skip, out=s, dtype=ct)
-        return normalize_row(gamma, s, y, flat, s_flat, consts, ct, results)
+        return normalize_row(gamma, flat, s_flat, consts, ct, results)
 
-    def normalize_row(gamma: Any, s: Any, y: Any, flat: Any, s_flat: Any, consts: tuple, ct: np.dtype,
-                      results: tuple) -> list:
-        """`one_row` once the sum is in `s`."""
+    def normalize_row(gamma: Any, flat: Any, s_flat: Any, consts: tuple, ct: np.dtype, results: tuple) -> list:
+        """`one_row` once the sum is in place."""
         np.divide(s_flat, row_rms(s_flat, consts, ct), out=flat)
         np.multiply(flat, gamma, out=flat, dtype=ct)
         return list(results)
@@ -92,8 +92,8 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
                 and gamma.ndim == 1 and not any(n_out > i and (outs[i] is not None or wanted[i]) for i in (1, 2))):
             # one row (decode) into preallocated outputs: kept for the same arrays again
             # (the sum is in s already: it may be x's or skip's own buffer, written in place)
-            plan = (gamma, s, y, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
-            planned.keep(inputs, outs, (x, skip, *plan))
+            plan = (gamma, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
+            planned.keep(inputs, outs, (x, skip, s, *plan))
             return normalize_row(*plan)
         if simplified and xp is np and s.size == hidden:
             # one row (decode), as `normalize_row` computes it

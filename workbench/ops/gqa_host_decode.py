@@ -142,7 +142,7 @@ class HostDecode:
         if rotation is not None and rotation.cos is cos_cache and rotation.sin is sin_cache:
             self.rotation, self.rows = rotation, source.reshape(rows, head_size)
         self.rotated = np.empty((rows, 2, half), ct)
-        self.swapped = np.empty((rows, 2, half), ct)
+        self.swapped = np.empty((rows, 2, half), ct) if self.rotation is None else None  # elementwise form's scratch
         flat = self.rotated_rows = self.rotated.reshape(rows, head_size)
         self.q = flat[:num_heads].reshape(kv_heads, group, head_size)
         self.k_rows = flat[num_heads:]
