@@ -22,7 +22,7 @@ from oracles import ort_session as _ort
 from oracles import tensor as _tensor
 
 import workbench
-from workbench import Generator, SessionOptions, models
+from workbench import Generator, Recording, SessionOptions, models
 from workbench.executor.io_rows import IO_COLUMNS, IoRows
 from workbench.executor.views import KnownAddresses, address, storage_root
 
@@ -251,6 +251,62 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     lv = lean.recording.liveness()
     per_step = lv.groupby("step").bytes.sum()
     assert per_step.nunique() > 1, "a growing cache must show in the liveness bytes"
+
+
+class _PlacedAtOnce(Recording):
+    """Every node row takes its place among the events as it is emitted, as each
+    `node` call did before the node log: the reference for the log's interleaving."""
+
+    def node_log(self):
+        return _PlacingLog(self)
+
+    def node(self, *row):
+        super().node(*row)
+        self._place_nodes()
+
+    def node_span(self, *row):
+        super().node_span(*row)
+        self._place_nodes()
+
+
+class _PlacingLog:
+    """A node log that places each row at once."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def extend(self, row):
+        self.rec._node_log.extend(row)
+        self.rec._place_nodes()
+        return self
+
+    __iadd__ = extend
+
+
+@pytest.mark.parametrize("flavor, options", [("onnx", {}), ("onnx", {"capture": False}),
+                                             ("onnx", {"views": False}), ("genai", {})])
+def test_node_rows_logged_between_kernels_keep_their_place_in_the_events(flavor, options):
+    """A traced decode's eager nodes and replayed segments log their rows (no call into
+    the Recording between kernels); every row lands where one call each would have put
+    it among the step's buffer, view, alias and table events. Tokens and logits as
+    onnxruntime's, over a growing cache (inputs in the decode loop's reused buffers)."""
+    data = models.llama("tiny", flavor=flavor).SerializeToString()
+    logged = workbench.InferenceSession(data, SessionOptions(**options))
+    placed = workbench.InferenceSession(data, SessionOptions(**options))
+    placed.new_recording().__class__ = _PlacedAtOnce
+    got = Generator(logged).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    twin = Generator(placed).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(
+        PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    assert got.tokens == want.tokens == twin.tokens
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+    modes = set(logged.recording.node_timings()["mode"])
+    assert "eager" in modes and ("replayed" in modes) == options.get("capture", True)
+    _assert_same_recording(logged, placed)
+    seq = [(e.step, e.plan_index, e.mode) for e in logged.recording.events() if type(e).__name__ == "NodeExecuted"]
+    assert seq == [(e.step, e.plan_index, e.mode) for e in placed.recording.events()
+                   if type(e).__name__ == "NodeExecuted"]
 
 
 def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():

@@ -578,3 +578,96 @@ def test_emitting_keeps_no_object_per_row_for_the_garbage_collector():
         gc.enable()
     assert kept < 300, f"{kept} containers kept for 4,000 rows and 100 spans"
     assert len(rec.node_timings()) == 1000 + 50 * 40 and len(rec.table("io_buffers")) == 50 * 50
+
+
+def _emit_every_kind(rec, nodes):
+    """Two steps where node rows (through `nodes(rec, triples)`) sit between every
+    other kind of event, and before and after the steps' bounds."""
+    nodes(rec, [(0, "eager", 1e-6)])  # before the first step
+    rec.begin_step(bindings={"n": 1})
+    nodes(rec, [(1, "eager", 2e-6), ((2, 3, 4), "replayed", 3e-6)])
+    rec.buffer("alloc", 7, 8, 1)
+    nodes(rec, [(5, "elided", 0.0)])
+    rec.buffer_span((("pin", 7, 0, 5),))
+    nodes(rec, [(6, "eager", 1e-6)])
+    rec.buffer_rows(("reuse", 8, 16, 6))
+    nodes(rec, [(7, "eager", 1e-6)])
+    rec.view(9, 7, (2,), (1,), 0, 7)
+    nodes(rec, [(8, "eager", 1e-6)])
+    rec.view_span(((10, 7, (2,), (1,), 8, 8),))
+    nodes(rec, [(9, "eager", 1e-6)])
+    rec.alias(11, 8, 9)
+    nodes(rec, [(10, "eager", 1e-6)])
+    rec.materialize(10, 9, 8, "kernel needs a contiguous input")
+    nodes(rec, [((11, 12), "replayed", 2e-6)])
+    rec.add_row("memo", action="replayed")
+    nodes(rec, [(13, "eager", 1e-6)])
+    rec.add_rows("capture_segments", ("segment",), [(0,)])
+    nodes(rec, [(14, "eager", 1e-6)])
+    rec.add_flat_rows("io_buffers", ("value_id", "role"), (1, "feed"))
+    nodes(rec, [(15, "eager", 1e-6)])
+    rec.liveness([(7, "owner", 7, 8, 1, 9, True, -1)])
+    nodes(rec, [(16, "eager", 1e-6)])
+    rec.end_step(1e-3)
+    nodes(rec, [(17, "eager", 1e-6)])  # after the step ended: still that step's
+    rec.begin_step()
+    nodes(rec, [(18, "eager", 1e-6)])
+    rec.end_step(1e-3)
+
+
+def _one_call_each(rec, triples):
+    for k, mode, duration in triples:
+        (rec.node_span if type(k) is tuple else rec.node)(k, mode, duration)
+
+
+def _through_the_log(rec, triples):
+    log = rec.node_log()
+    for triple in triples:
+        log += triple
+
+
+def test_node_rows_through_the_log_take_their_place_among_the_events(tmp_path):
+    """Node rows extended onto `node_log` between other events read back exactly as one
+    `node` / `node_span` call each: the same rows, steps and interleaving (`events()`,
+    every frame's `seq`), also after a save and load."""
+    logged, called = Recording(), Recording()
+    _emit_every_kind(logged, _through_the_log)
+    _emit_every_kind(called, _one_call_each)
+    node = "NodeExecuted"
+    assert [(type(e).__name__, getattr(e, "plan_index", None)) for e in logged.events()] == [
+        (node, 0), ("StepBegan", None), (node, 1), (node, 2), (node, 3), (node, 4),
+        ("BufferEvent", 1), (node, 5), ("BufferEvent", 5), (node, 6), ("BufferEvent", 6), (node, 7),
+        ("ViewCreated", 7), (node, 8), ("ViewCreated", 8), (node, 9), ("InPlaceAlias", 9), (node, 10),
+        ("Materialized", 10), (node, 11), (node, 12), ("TableRow", None), (node, 13), ("TableRow", None),
+        (node, 14), ("TableRow", None), (node, 15), ("LivenessRow", None), (node, 16),
+        ("StepEnded", None), (node, 17), ("StepBegan", None), (node, 18), ("StepEnded", None)]
+    assert list(logged.events()) == list(called.events())
+    assert logged.n_events == called.n_events == len(list(called.events()))
+    pd.testing.assert_frame_equal(logged.node_timings(), called.node_timings())
+    pd.testing.assert_frame_equal(logged.buffer_events(), called.buffer_events())
+    pd.testing.assert_frame_equal(logged.table("io_buffers"), called.table("io_buffers"))
+    nodes = logged.node_timings()
+    assert nodes["plan_index"].tolist() == [0, 1, 2, 3, 4, *range(5, 19)]
+    assert nodes["step"].tolist() == [-1] + [0] * 17 + [1]
+    logged.save(tmp_path / "logged")
+    back = Recording.load(tmp_path / "logged")
+    assert list(back.events()) == list(called.events())
+
+
+def test_node_rows_still_logged_are_placed_by_any_read_and_dropped_by_clear():
+    """A read between two events sees the logged rows (they are placed, in order, on
+    reading); `clear` drops rows not yet placed with everything else."""
+    rec = Recording()
+    rec.begin_step()
+    log = rec.node_log()
+    log += (3, "eager", 1e-6)
+    assert rec.n_events == 2
+    assert rec.node_timings()["plan_index"].tolist() == [3]
+    log += ((4, 5), "replayed", 2e-6)
+    assert [type(e).__name__ for e in rec.events()] == ["StepBegan"] + ["NodeExecuted"] * 3
+    log += (6, "eager", 1e-6)
+    rec.clear()
+    assert rec.n_events == 0 and rec.node_log() is log and not log
+    rec.begin_step()
+    rec.end_step(1e-3)
+    assert rec.node_timings().empty

@@ -205,6 +205,7 @@ class CaptureRunner:
         env = ex.env
         replayed = []
         events: list = []  # the replay rows' fields, one segment after another (`_replay_events`)
+        node_log = rec.node_log() if rec is not None else None  # each segment's node rows, without a call
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
@@ -231,7 +232,7 @@ class CaptureRunner:
             self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
                 duration = ex.backend.stop_timer(timer)  # the replayed kernels' device time
-                rec.node_span(seg.nodes, "replayed", duration)
+                node_log += (seg.nodes, "replayed", duration)  # a span: `Recording.node_span`
                 events += (slot, seg.index, "replay", "binding signature unchanged", duration)
         cap.replays += 1
         self._replayed_views(cap, replayed, rec)

@@ -59,6 +59,7 @@ class Executor(DecodeMemoSteps):
         self.graph = graph
         self.backend = backend
         self._host_clock = getattr(backend, "host_clock", None)  # see `Backend.host_clock`
+        self._node_log: list | None = None  # the Recording's node log while a traced step runs
         self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
@@ -231,6 +232,7 @@ class Executor(DecodeMemoSteps):
         bound = bound_outputs or {}
         self.addresses.next_step()
         rec = self.recording
+        self._node_log = rec.node_log() if rec is not None else None  # eager nodes' rows: `_dispatch_node`
         t_start = time.perf_counter()
         action = reason = ""
         if self.jit_only:
@@ -402,8 +404,8 @@ class Executor(DecodeMemoSteps):
             if graph is not None:  # no retry while recording: a retry's launches would not be replayed
                 raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
-        if rec is not None:
-            rec.node(p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0))
+        if rec is not None:  # onto the Recording's node log: no call into it between kernels
+            self._node_log.extend((p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0)))
         materialized = None  # while recording: (slot, array) of outputs created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:

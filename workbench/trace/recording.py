@@ -11,6 +11,12 @@ a young collection every few steps. One extra small int per event (`_order`, the
 table it went to) keeps the global emission order, so `events()` and the `seq` column
 of every frame can replay the interleaving exactly.
 
+Node rows, the events a step has most of between its kernels, go first to a log
+(`node_log`) that the executor extends without a call per node, and take their
+place among the events at the next event of another kind. A call into the
+Recording right after a kernel finds its code and data evicted and costs a few
+microseconds; a list append costs a fraction of that.
+
 Reading is the cold path: `steps()`, `views()`, `liveness()`, ... build pandas
 frames on demand (pandas is imported there, never when emitting); `events()` builds
 typed dataclasses lazily; `save()` / `load()` go through parquet + JSON (no pickle).
@@ -199,7 +205,7 @@ class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
     Emission API (what the executor calls): `set_static`, `begin_step`, `node`,
-    `node_span`, `buffer`, `buffer_span`, `buffer_rows`, `view`, `view_span`, `alias`,
+    `node_span`, `node_log`, `buffer`, `buffer_span`, `buffer_rows`, `view`, `view_span`, `alias`,
     `materialize`, `liveness`, `end_step`, `add_row`, `add_rows`.
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
@@ -220,15 +226,27 @@ class Recording:
         self._static: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in STATIC_COLUMNS.items()}
         self._generic: dict[str, _Generic] = {}
-        self._order: list[int] = []
+        self._event_codes: list[int] = []  # `_order` as emitted so far: node rows still logged are not in it
+        #: node rows not yet placed among the events: (plan index, or a tuple of plan
+        #: indices for a span; mode; duration_s) one after another (see `node_log`)
+        self._node_log: list = []
         self._step = -1
         self._open = False
         self._maps: tuple | None = None
         self._bind()
 
     @property
+    def _order(self) -> list[int]:
+        """Every event's code, in emission order (logged node rows placed first)."""
+        if self._node_log:
+            self._place_nodes()
+        return self._event_codes
+
+    @property
     def _t(self) -> dict[str, dict[str, list]]:
         """The built-in tables, column by column (pending rows laid out first)."""
+        if self._node_log:
+            self._place_nodes()
         if self._lv_pending:
             self._flush_liveness()
         if self._spans:
@@ -295,6 +313,8 @@ class Recording:
     def begin_step(self, slot: str = "primary", phase: str = "",
                    bindings: dict[str, int] | None = None) -> int:
         """Open a step (one run); returns its index, carried by every event until the next one."""
+        if self._node_log:
+            self._place_nodes()
         s = self._steps
         step = len(s["step"])
         s["step"].append(step)
@@ -306,37 +326,60 @@ class Recording:
         s["extra"].append({})
         self._step = step
         self._open = True
-        self._order.append(CODE_STEP_BEGAN)
+        self._event_codes.append(CODE_STEP_BEGAN)
         return step
 
     def node(self, plan_index: int, mode: str, duration_s: float) -> None:
         """Plan node ran: mode "eager" | "replayed" | "elided"."""
-        self._order.append(CODE_NODE)
-        self._ne.extend((self._step, plan_index, mode, duration_s))
+        self._node_log += (plan_index, mode, duration_s)
 
     def node_span(self, plan_indices: list[int], mode: str, duration_s: float) -> None:
         """Many plan nodes ran together (a replayed segment): `duration_s` is shared
         evenly; the same rows as one `node` call each, kept as one span until read (a
         tuple of indices is kept as given, not copied)."""
-        n = len(plan_indices)
-        if not n:
-            return
-        self._order.extend(_codes(CODE_NODE, n))
-        self._ne.extend((self._step, tuple(plan_indices), mode, duration_s / n))
-        self._spans += 1
+        if len(plan_indices):
+            self._node_log += (plan_indices if type(plan_indices) is tuple else tuple(plan_indices),
+                               mode, duration_s)
+
+    def node_log(self) -> list:
+        """The list `node` and `node_span` append their rows to, for a caller that times
+        a step's nodes between its kernels: extending it directly with the same triples
+        (a plan index, or a non-empty tuple of them for a span; the mode; duration_s)
+        emits the same rows without a call each. A step's rows wait there, in order,
+        and take their place among the events before the next event of another kind
+        (or the next read), so the interleaving is exactly that of one call each. It
+        stays the same list for the Recording's life."""
+        return self._node_log
+
+    def _place_nodes(self) -> None:
+        """The logged node rows into the node table, and their codes into the event order."""
+        log, step, ne, codes = self._node_log, self._step, self._ne, self._event_codes
+        for k, mode, duration in zip(log[::3], log[1::3], log[2::3]):
+            if type(k) is tuple:
+                codes.extend(_codes(CODE_NODE, len(k)))
+                ne.extend((step, k, mode, duration / len(k)))
+                self._spans += 1
+            else:
+                codes.append(CODE_NODE)
+                ne.extend((step, k, mode, duration))
+        log.clear()
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
-        self._order.append(CODE_BUFFER)
+        if self._node_log:
+            self._place_nodes()
+        self._event_codes.append(CODE_BUFFER)
         self._bu.extend((self._step, event, value_id, nbytes, plan_index))
 
     def buffer_span(self, rows: tuple) -> None:
         """Many buffer events of this step, each (event, value_id, nbytes, plan_index): the
         same rows as one `buffer` call each, kept as one span until read. `rows` is
         kept as given: pass a tuple."""
+        if self._node_log:
+            self._place_nodes()
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._order.extend(_codes(CODE_BUFFER, len(rows)))
+            self._event_codes.extend(_codes(CODE_BUFFER, len(rows)))
             self._bu.extend((self._step, rows, None, None, None))
             self._spans += 1
 
@@ -346,8 +389,10 @@ class Recording:
         garbage collector to count."""
         if len(fields) % 4:
             raise TraceError(f"buffer_rows: {len(fields)} fields are not whole rows of 4")
+        if self._node_log:
+            self._place_nodes()
         if fields:
-            self._order.extend(_codes(CODE_BUFFER, len(fields) // 4))
+            self._event_codes.extend(_codes(CODE_BUFFER, len(fields) // 4))
             self._bu.extend((self._step, _FlatRows(fields, 4), None, None, None))
             self._spans += 1
 
@@ -355,26 +400,34 @@ class Recording:
         """Many views of this step, each (value_id, source_id, shape, strides, byte_offset,
         plan_index): the same rows as one `view` call each, kept as one span until read.
         `rows` is kept as given: pass a tuple."""
+        if self._node_log:
+            self._place_nodes()
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._order.extend(_codes(CODE_VIEW, len(rows)))
+            self._event_codes.extend(_codes(CODE_VIEW, len(rows)))
             self._vi.extend((self._step, rows, None, None, None, None, None))
             self._spans += 1
 
     def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
              plan_index: int) -> None:
         """`value_id` is a view of owner `source_id`; strides in elements (may be negative or 0)."""
-        self._order.append(CODE_VIEW)
+        if self._node_log:
+            self._place_nodes()
+        self._event_codes.append(CODE_VIEW)
         self._vi.extend((self._step, value_id, source_id, shape, strides, byte_offset, plan_index))
 
     def alias(self, value_id: int, into_id: int, plan_index: int) -> None:
         """In place: `value_id` was written into `into_id`'s buffer."""
-        self._order.append(CODE_ALIAS)
+        if self._node_log:
+            self._place_nodes()
+        self._event_codes.append(CODE_ALIAS)
         self._al.extend((self._step, value_id, into_id, plan_index))
 
     def materialize(self, plan_index: int, value_id: int, nbytes: int, reason: str) -> None:
         """A kernel needed a copy of `value_id` (e.g. a contiguous input)."""
-        self._order.append(CODE_MATERIALIZE)
+        if self._node_log:
+            self._place_nodes()
+        self._event_codes.append(CODE_MATERIALIZE)
         self._ma.extend((self._step, plan_index, value_id, nbytes, reason))
 
     def liveness(self, rows: Iterable[tuple] | None = None,
@@ -389,6 +442,8 @@ class Recording:
         """
         if rows is None:
             return self.liveness_frame()
+        if self._node_log:
+            self._place_nodes()
         if rows is not self._lv_last:
             rows = self._frozen_liveness(rows)
             if not rows:
@@ -404,7 +459,7 @@ class Recording:
                                  f"positions must lie within the {len(rows)} rows")
             self._lv_positions = (positions, rows)
         self._lv_pending.append((self._step, rows, nbytes))
-        self._order.extend(_codes(CODE_LIVENESS, len(rows)))
+        self._event_codes.extend(_codes(CODE_LIVENESS, len(rows)))
         return None
 
     @staticmethod
@@ -427,6 +482,8 @@ class Recording:
         """Close the open step; `extra` (token=..., text=...) become columns of `steps()`."""
         if not self._open:
             raise TraceError("end_step() called without an open step (call begin_step() first)")
+        if self._node_log:
+            self._place_nodes()
         clash = _STEP_RESERVED.intersection(extra)
         if clash:
             raise TraceError(f"end_step(): extra column(s) {sorted(clash)} clash with the steps "
@@ -437,7 +494,7 @@ class Recording:
         s["resident_peak_bytes"][i] = int(resident_peak_bytes)
         s["extra"][i] = extra
         self._open = False
-        self._order.append(CODE_STEP_ENDED)
+        self._event_codes.append(CODE_STEP_ENDED)
 
     def add_row(self, table: str, **columns: Any) -> None:
         """Append a row to generic table `table` (created on first use).
@@ -447,11 +504,13 @@ class Recording:
         """
         if "seq" in columns:
             raise TraceError(f"add_row({table!r}): column 'seq' is reserved (the frames' emission order)")
+        if self._node_log:
+            self._place_nodes()
         g = self._generic.get(table)
         if g is None:
             g = self._new_generic(table)
         g.pending.extend((self._step, columns))
-        self._order.append(g.code)
+        self._event_codes.append(g.code)
 
     def add_rows(self, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
         """Append many rows to generic table `table`: the same as one `add_row(table,
@@ -461,11 +520,13 @@ class Recording:
             return
         if "seq" in columns:
             raise TraceError(f"add_rows({table!r}): column 'seq' is reserved (the frames' emission order)")
+        if self._node_log:
+            self._place_nodes()
         g = self._generic.get(table)
         if g is None:
             g = self._new_generic(table)
         g.pending.extend((self._step, (tuple(columns), rows)))
-        self._order.extend(_codes(g.code, len(rows)))
+        self._event_codes.extend(_codes(g.code, len(rows)))
 
     def add_flat_rows(self, table: str, columns: tuple[str, ...], fields: tuple) -> None:
         """`add_rows` with the rows' fields one after another in one tuple (`len(columns)`
@@ -511,6 +572,7 @@ class Recording:
 
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
+        self._node_log.clear()
         self._lv_pending.clear()
         self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
@@ -520,7 +582,7 @@ class Recording:
             for col in cols.values():
                 col.clear()
         self._generic.clear()
-        self._order.clear()
+        self._event_codes.clear()
         self._step = -1
         self._open = False
         if static:
