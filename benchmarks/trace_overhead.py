@@ -9,14 +9,21 @@ work: preparing the step, memo and capture bookkeeping, dispatch, and recording.
 
 The overhead: "pooled", the ratio of the two medians over all rounds' steps; and
 "paired", the median over rounds of each round's ratio (its traced decode's median
-step over its untraced one's), with a 90% bootstrap interval over rounds. On these
-shared 2-core machines a whole round often runs slower than the next (a neighbour's
-load, the memory bandwidth of the moment), which moves the pooled ratio by several
-points from run to run; the paired one compares decodes that ran back to back.
-Every decode starts from a collected heap (`gc.collect()`), so one mode does not pay
-the young collections the other's garbage (or the analysis of a recording) set off.
+step over its untraced one's), with a 90% bootstrap interval. On these shared 2-core
+machines a whole round often runs slower than the next (a neighbour's load, the
+memory bandwidth of the moment), which moves the pooled ratio by several points from
+run to run; the paired one compares decodes that ran back to back.
 
-Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3]
+Each export is loaded into several sessions (`--sessions`), and the rounds go round
+them in turn: one session's overhead depends on where its weights and buffers landed
+in memory (two sessions of the same model in one process have read 4.6% and 8.2%,
+each over 24 rounds), so one session is one draw of that lottery. The interval
+resamples sessions, then rounds within each; "per session" gives the spread of the
+sessions' own paired medians. Every decode starts from a collected heap
+(`gc.collect()`), so one mode does not pay the young collections the other's garbage
+(or the analysis of a recording) set off.
+
+Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3] [--sessions 3]
 """
 
 from __future__ import annotations
@@ -54,12 +61,17 @@ def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> tu
     return steps, outside_kernels(session.recording) if traced else float("nan")
 
 
-def paired_overhead(rounds: list[tuple[float, float]], draws: int = 2000) -> tuple[float, float, float]:
-    """(median, 5th, 95th percentile of bootstrap medians) of the rounds' on/off ratios, less one."""
-    ratios = [on / off for off, on in rounds]
+def paired_overhead(rounds: list[list[tuple[float, float]]], draws: int = 2000) -> tuple[float, float, float]:
+    """(median, 5th, 95th percentile of bootstrap medians) of the rounds' on/off ratios,
+    less one; `rounds` holds each session's (off, on) rounds, and every draw resamples
+    sessions, then rounds within each drawn session."""
+    ratios = [[on / off for off, on in session] for session in rounds]
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return (statistics.median(ratios) - 1, medians[int(0.05 * draws)] - 1, medians[int(0.95 * draws) - 1] - 1)
+    medians = sorted(statistics.median([r for session in rng.choices(ratios, k=len(ratios))
+                                        for r in rng.choices(session, k=len(session))])
+                     for _ in range(draws))
+    return (statistics.median([r for session in ratios for r in session]) - 1,
+            medians[int(0.05 * draws)] - 1, medians[int(0.95 * draws) - 1] - 1)
 
 
 def outside_kernels(rec: workbench.Recording) -> float:
@@ -76,31 +88,39 @@ def outside_kernels(rec: workbench.Recording) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per session")
+    parser.add_argument("--sessions", type=int, default=3, help="sessions (memory layouts) per export")
     args = parser.parse_args()
     print(f"per-token decode latency, {args.tokens} tokens: the median decode step of {args.rounds} "
-          "interleaved rounds of one session, its trace on and off in turn (the same weights and "
-          "buffers both ways; the order flips each round, so drift and a noisy neighbour weigh alike); "
+          f"interleaved rounds in each of {args.sessions} sessions, each its trace on and off in turn "
+          "(the same weights and buffers both ways; the order flips each round, so drift and a noisy "
+          "neighbour weigh alike); per session: the lowest and highest session's paired median; "
           "outside kernels: share of a traced decode step (median) not inside a node's kernel")
     print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'pooled':>9}{'paired [90% interval]':>27}"
-          f"{'outside kernels':>17}")
+          f"{'per session':>16}{'outside kernels':>17}")
     for label, data in exports():
-        session = workbench.InferenceSession(data, options=SessionOptions(trace=True))
+        sessions = [workbench.InferenceSession(data, options=SessionOptions(trace=True))
+                    for _ in range(args.sessions)]
         steps: dict[bool, list[float]] = {False: [], True: []}
-        rounds, shares = [], []
+        rounds: list[list[tuple[float, float]]] = [[] for _ in sessions]
+        shares = []
         for round_ in range(args.rounds):
-            medians = {}
-            for trace in ((True, False) if round_ % 2 else (False, True)):
-                got, share = decode(session, args.tokens, trace)
-                steps[trace] += got
-                medians[trace] = statistics.median(got)
-                if trace:
-                    shares.append(share)
-            rounds.append((medians[False], medians[True]))
+            for i, session in enumerate(sessions):
+                medians = {}
+                for trace in ((True, False) if (round_ + i) % 2 else (False, True)):
+                    got, share = decode(session, args.tokens, trace)
+                    steps[trace] += got
+                    medians[trace] = statistics.median(got)
+                    if trace:
+                        shares.append(share)
+                rounds[i].append((medians[False], medians[True]))
+        del sessions
         off, on = statistics.median(steps[False]), statistics.median(steps[True])
         paired, low, high = paired_overhead(rounds)
+        each = [statistics.median(on_ / off_ for off_, on_ in session) - 1 for session in rounds]
         print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>9.1%}"
-              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{statistics.median(shares):>17.1%}")
+              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{f'{min(each):.1%}..{max(each):.1%}':>16}"
+              f"{statistics.median(shares):>17.1%}")
 
 
 if __name__ == "__main__":
