@@ -77,6 +77,18 @@ def _frames(rec):
     return out
 
 
+def _decode_both_as_onnxruntime(data, session, twin):
+    """A greedy decode of RUNS tokens by `session` and by `twin`: the tokens of both and
+    the logits of `session` as onnxruntime's."""
+    got = Generator(session).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    other = Generator(twin).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(
+        PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    assert got.tokens == want.tokens == other.tokens
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
 def _assert_same_recording(lean, fresh):
     a, b = _frames(lean.recording), _frames(fresh.recording)
     assert a.keys() == b.keys()
@@ -237,13 +249,7 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
 
     fresh.executor.run = run_forgetting
     checked = _check_io_addresses(lean)
-    got = Generator(lean).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    twin = Generator(fresh).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(
-        PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    assert got.tokens == want.tokens == twin.tokens
-    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+    _decode_both_as_onnxruntime(data, lean, fresh)
     assert len(checked) == RUNS and min(checked) > 0
     patched = [patch for _, _, patch in lean.recording._lv_pending if patch is not None]
     assert patched, "growing steps pass their last rows with an nbytes patch"
@@ -294,13 +300,7 @@ def test_node_rows_logged_between_kernels_keep_their_place_in_the_events(flavor,
     logged = workbench.InferenceSession(data, SessionOptions(**options))
     placed = workbench.InferenceSession(data, SessionOptions(**options))
     placed.new_recording().__class__ = _PlacedAtOnce
-    got = Generator(logged).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    twin = Generator(placed).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(
-        PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    assert got.tokens == want.tokens == twin.tokens
-    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+    _decode_both_as_onnxruntime(data, logged, placed)
     modes = set(logged.recording.node_timings()["mode"])
     assert "eager" in modes and ("replayed" in modes) == options.get("capture", True)
     _assert_same_recording(logged, placed)
