@@ -77,13 +77,14 @@ def _frames(rec):
     return out
 
 
-def _decode_both_as_onnxruntime(data, session, twin):
+def _decode_both_as_onnxruntime(data, session, twin, kv="growing"):
     """A greedy decode of RUNS tokens by `session` and by `twin`: the tokens of both and
-    the logits of `session` as onnxruntime's."""
-    got = Generator(session).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    other = Generator(twin).generate(PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
-    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(
-        PROMPT, RUNS, progress=False, eos_token_id=-1, return_logits=True)
+    the logits of `session` as onnxruntime's. A fixed `kv` cache is one buffer per
+    cache for the whole decode (stable addresses, new contents every step)."""
+    kw = dict(progress=False, eos_token_id=-1, return_logits=True, kv=kv)
+    got = Generator(session).generate(PROMPT, RUNS, **kw)
+    other = Generator(twin).generate(PROMPT, RUNS, **kw)
+    want = Generator(ort.InferenceSession(data, providers=["CPUExecutionProvider"])).generate(PROMPT, RUNS, **kw)
     assert got.tokens == want.tokens == other.tokens
     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
@@ -289,18 +290,20 @@ class _PlacingLog:
     __iadd__ = extend
 
 
-@pytest.mark.parametrize("flavor, options", [("onnx", {}), ("onnx", {"capture": False}),
-                                             ("onnx", {"views": False}), ("genai", {})])
-def test_node_rows_logged_between_kernels_keep_their_place_in_the_events(flavor, options):
+@pytest.mark.parametrize("flavor, kv, options", [
+    ("onnx", "growing", {}), ("onnx", "growing", {"capture": False}), ("onnx", "growing", {"views": False}),
+    ("genai", "growing", {}), ("genai", "fixed", {}), ("genai", "fixed", {"capture": False})])
+def test_node_rows_logged_between_kernels_keep_their_place_in_the_events(flavor, kv, options):
     """A traced decode's eager nodes and replayed segments log their rows (no call into
     the Recording between kernels); every row lands where one call each would have put
     it among the step's buffer, view, alias and table events. Tokens and logits as
-    onnxruntime's, over a growing cache (inputs in the decode loop's reused buffers)."""
+    onnxruntime's over 8 steps, on a growing cache and on a fixed one (its buffers bound
+    in place: the same addresses every step, new contents)."""
     data = models.llama("tiny", flavor=flavor).SerializeToString()
     logged = workbench.InferenceSession(data, SessionOptions(**options))
     placed = workbench.InferenceSession(data, SessionOptions(**options))
     placed.new_recording().__class__ = _PlacedAtOnce
-    _decode_both_as_onnxruntime(data, logged, placed)
+    _decode_both_as_onnxruntime(data, logged, placed, kv)
     modes = set(logged.recording.node_timings()["mode"])
     assert "eager" in modes and ("replayed" in modes) == options.get("capture", True)
     _assert_same_recording(logged, placed)
