@@ -654,6 +654,54 @@ def test_node_rows_through_the_log_take_their_place_among_the_events(tmp_path):
     assert list(back.events()) == list(called.events())
 
 
+
+def test_blocks_of_logged_rows_read_back_as_one_call_each_between_reads(tmp_path):
+    """A traced step places its logged rows a run of eager nodes at a time, as one block
+    each, written out row by row only when read. Runs of one to five rows (spans among
+    them) between other events, over steps read part-way (events, n_events and frames
+    after some steps, then more steps, then a clear and more): every read as one call
+    each would give, and after a save and load."""
+    logged, called = Recording(), Recording()
+    runs = [[(1, "eager", 1e-6), (2, "eager", 2e-6)],
+            [((3, 4, 5), "replayed", 3e-6), (6, "eager", 1e-6), ((7, 8), "replayed", 2e-6)],
+            [(9, "elided", 0.0)],
+            [(10, "eager", 1e-6), (11, "eager", 1e-6), (12, "eager", 1e-6), (13, "eager", 1e-6),
+             ((14,), "replayed", 1e-6)]]
+
+    def step(rec, nodes, n):
+        rec.begin_step(bindings={"n": n})
+        for i, run in enumerate(runs):
+            nodes(rec, run)
+            (rec.buffer("alloc", i, 8 * n, i) if i % 2 else rec.view(i, 0, (n,), (1,), 0, i))
+        rec.liveness([(0, "owner", 0, 8 * n, 0, 9, False, -1)])
+        nodes(rec, runs[1])
+        rec.end_step(1e-3)
+
+    def same():
+        assert list(logged.events()) == list(called.events())
+        assert logged.n_events == called.n_events
+        pd.testing.assert_frame_equal(logged.node_timings(), called.node_timings())
+        pd.testing.assert_frame_equal(logged.views(), called.views())
+
+    for n in range(3):
+        step(logged, _through_the_log, n)
+        step(called, _one_call_each, n)
+    same()
+    for n in range(3, 7):
+        step(logged, _through_the_log, n)
+        step(called, _one_call_each, n)
+        if n == 4:
+            same()
+    same()
+    assert len(logged.node_timings()) == 7 * (2 + 6 + 1 + 5 + 6)  # every row of every run, spans in full
+    logged.save(tmp_path / "logged")
+    assert list(Recording.load(tmp_path / "logged").events()) == list(called.events())
+    for rec in (logged, called):
+        rec.clear()
+    step(logged, _through_the_log, 9)
+    step(called, _one_call_each, 9)
+    same()
+
 def test_node_rows_still_logged_are_placed_by_any_read_and_dropped_by_clear():
     """A read between two events sees the logged rows (they are placed, in order, on
     reading); `clear` drops rows not yet placed with everything else."""

@@ -13,7 +13,8 @@ of every frame can replay the interleaving exactly.
 
 Node rows, the events a step has most of between its kernels, go first to a log
 (`node_log`) that the executor extends without a call per node, and take their
-place among the events at the next event of another kind. A call into the
+place among the events at the next event of another kind, a run of them as one
+block that is written out row by row when read. A call into the
 Recording right after a kernel finds its code and data evicted and costs a few
 microseconds; a list append costs a fraction of that.
 
@@ -78,6 +79,9 @@ TABLE_CODES = {"steps": CODE_STEP_BEGAN, "node_exec": CODE_NODE, "buffer": CODE_
                "liveness": CODE_LIVENESS}
 #: generic tables get codes GENERIC_CODE_BASE, +1, ... in creation order
 GENERIC_CODE_BASE = 16
+#: in `_event_codes` only, never read: the place of one placed block of logged node
+#: rows, whose CODE_NODE codes are written out at the next read (`_order`)
+CODE_NODE_BLOCK = -1
 
 
 def _codes(code: int, n: int) -> tuple[int, ...]:
@@ -192,8 +196,21 @@ def _expanded(flat: list, width: int, span_rows: Any) -> list:
 
 
 def _node_span_rows(fields: list) -> list[tuple]:
-    step, plan_indices, mode, share = fields
-    return [(step, k, mode, share) for k in plan_indices]
+    step, what, mode, share = fields
+    if type(what) is _FlatRows:  # a block of the node log: (plan index or span, mode, duration_s) each
+        rows: list[tuple] = []
+        for k, mode, duration in what:
+            if type(k) is tuple:
+                rows += [(step, i, mode, duration / len(k)) for i in k]
+            else:
+                rows.append((step, k, mode, duration))
+        return rows
+    return [(step, k, mode, share) for k in what]
+
+
+def _node_rows_in(block: tuple) -> int:
+    """Rows a block of the node log stands for: one per plan index, a span's each."""
+    return sum(len(k) if type(k) is tuple else 1 for k in block[::3])
 
 
 def _row_span_rows(fields: list) -> list[tuple]:
@@ -230,6 +247,10 @@ class Recording:
         #: node rows not yet placed among the events: (plan index, or a tuple of plan
         #: indices for a span; mode; duration_s) one after another (see `node_log`)
         self._node_log: list = []
+        #: the logged blocks placed since `_event_codes` was last read, oldest first,
+        #: each standing there as one CODE_NODE_BLOCK from index `_blocks_from` on
+        self._node_blocks: list[tuple] = []
+        self._blocks_from = 0
         self._step = -1
         self._open = False
         self._maps: tuple | None = None
@@ -240,7 +261,22 @@ class Recording:
         """Every event's code, in emission order (logged node rows placed first)."""
         if self._node_log:
             self._place_nodes()
+        if self._node_blocks:
+            self._write_node_codes()
         return self._event_codes
+
+    def _write_node_codes(self) -> None:
+        """Each placed block's CODE_NODE_BLOCK as the CODE_NODE of every row it holds."""
+        codes, blocks = self._event_codes, iter(self._node_blocks)
+        start = self._blocks_from
+        out: list[int] = []
+        for code in codes[start:]:
+            if code == CODE_NODE_BLOCK:
+                out.extend(_codes(CODE_NODE, _node_rows_in(next(blocks))))
+            else:
+                out.append(code)
+        codes[start:] = out
+        self._node_blocks.clear()
 
     @property
     def _t(self) -> dict[str, dict[str, list]]:
@@ -352,17 +388,30 @@ class Recording:
         return self._node_log
 
     def _place_nodes(self) -> None:
-        """The logged node rows into the node table, and their codes into the event order."""
-        log, step, ne, codes = self._node_log, self._step, self._ne, self._event_codes
-        for k, mode, duration in zip(log[::3], log[1::3], log[2::3]):
+        """The logged node rows into the node table and the event order as one block,
+        written out row by row when read (`_expand_spans`, `_write_node_codes`): a step
+        places a block after each run of eager nodes, and a row at a time cost most of
+        what the log saves. A lone row goes in as it is: a block keeps two containers."""
+        log = self._node_log
+        if len(log) == 3:
+            k, mode, duration = log
+            log.clear()
             if type(k) is tuple:
-                codes.extend(_codes(CODE_NODE, len(k)))
-                ne.extend((step, k, mode, duration / len(k)))
+                self._event_codes.extend(_codes(CODE_NODE, len(k)))
+                self._ne.extend((self._step, k, mode, duration / len(k)))
                 self._spans += 1
             else:
-                codes.append(CODE_NODE)
-                ne.extend((step, k, mode, duration))
+                self._event_codes.append(CODE_NODE)
+                self._ne.extend((self._step, k, mode, duration))
+            return
+        block = tuple(log)
         log.clear()
+        self._ne.extend((self._step, _FlatRows(block, 3), None, None))
+        self._spans += 1
+        if not self._node_blocks:
+            self._blocks_from = len(self._event_codes)
+        self._node_blocks.append(block)
+        self._event_codes.append(CODE_NODE_BLOCK)
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
@@ -573,6 +622,7 @@ class Recording:
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
         self._node_log.clear()
+        self._node_blocks.clear()
         self._lv_pending.clear()
         self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
