@@ -8,8 +8,9 @@ are laid out into columns the first time something reads them. No event objects,
 pandas, and no container kept per row: a kept tuple per row would be one more object
 for the garbage collector's young generation, and a traced decode step would set off
 a young collection every few steps. One extra small int per event (`_order`, the
-table it went to) keeps the global emission order, so `events()` and the `seq` column
-of every frame can replay the interleaving exactly.
+table it went to; a long run of one table's events as one entry until read) keeps
+the global emission order, so `events()` and the `seq` column of every frame can
+replay the interleaving exactly.
 
 Node rows, the events a step has most of between its kernels, go first to a log
 (`node_log`) that the executor extends without a call per node, and take their
@@ -30,7 +31,6 @@ one) -- including events emitted after that step's `end_step` and before the nex
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -79,21 +79,12 @@ TABLE_CODES = {"steps": CODE_STEP_BEGAN, "node_exec": CODE_NODE, "buffer": CODE_
                "liveness": CODE_LIVENESS}
 #: generic tables get codes GENERIC_CODE_BASE, +1, ... in creation order
 GENERIC_CODE_BASE = 16
-#: in `_event_codes` only, never read: the place of one placed block of logged node
-#: rows, whose CODE_NODE codes are written out at the next read (`_order`)
-CODE_NODE_BLOCK = -1
-
-
-def _codes(code: int, n: int) -> tuple[int, ...]:
-    """`n` copies of `code` for `_order`: a step emits its long blocks at the same
-    lengths every time (its liveness rows, each replayed segment's nodes), so those are
-    made once (`_code_run`); a short one costs less to make than to look up."""
-    return _code_run(code, n) if n >= 32 else (code,) * n
-
-
-@functools.lru_cache(maxsize=64)
-def _code_run(code: int, n: int) -> tuple[int, ...]:
-    return (code,) * n
+#: in `_event_codes` only, never read: the place of a run of events of one code (a
+#: block of logged node rows, a step's liveness rows, a span), written out as that
+#: many codes at the next read (`_order`)
+CODE_RUN = -1
+#: runs shorter than this are written out at once
+_SHORT_RUN = 8
 
 
 _STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
@@ -247,10 +238,11 @@ class Recording:
         #: node rows not yet placed among the events: (plan index, or a tuple of plan
         #: indices for a span; mode; duration_s) one after another (see `node_log`)
         self._node_log: list = []
-        #: the logged blocks placed since `_event_codes` was last read, oldest first,
-        #: each standing there as one CODE_NODE_BLOCK from index `_blocks_from` on
-        self._node_blocks: list[tuple] = []
-        self._blocks_from = 0
+        #: the runs stood for by a CODE_RUN in `_event_codes` from index `_runs_from` on,
+        #: oldest first, two entries each: the code, then the count (or a block of the
+        #: node log, whose rows are counted when written out)
+        self._runs: list = []
+        self._runs_from = 0
         self._step = -1
         self._open = False
         self._maps: tuple | None = None
@@ -261,22 +253,36 @@ class Recording:
         """Every event's code, in emission order (logged node rows placed first)."""
         if self._node_log:
             self._place_nodes()
-        if self._node_blocks:
-            self._write_node_codes()
+        if self._runs:
+            self._write_runs()
         return self._event_codes
 
-    def _write_node_codes(self) -> None:
-        """Each placed block's CODE_NODE_BLOCK as the CODE_NODE of every row it holds."""
-        codes, blocks = self._event_codes, iter(self._node_blocks)
-        start = self._blocks_from
+    def _run(self, code: int, n: int) -> None:
+        """`n` events of `code` into the event order: a long run as one CODE_RUN, so a
+        traced step adds a dozen entries to it instead of a thousand."""
+        if n < _SHORT_RUN:
+            self._event_codes.extend((code,) * n)
+            return
+        if not self._runs:
+            self._runs_from = len(self._event_codes)
+        self._runs += (code, n)
+        self._event_codes.append(CODE_RUN)
+
+    def _write_runs(self) -> None:
+        """Each CODE_RUN as the codes of the run it stands for."""
+        codes, runs = self._event_codes, self._runs
+        start = self._runs_from
         out: list[int] = []
+        i = 0
         for code in codes[start:]:
-            if code == CODE_NODE_BLOCK:
-                out.extend(_codes(CODE_NODE, _node_rows_in(next(blocks))))
+            if code == CODE_RUN:
+                run, n = runs[i], runs[i + 1]
+                out.extend((run,) * (n if type(n) is int else _node_rows_in(n)))
+                i += 2
             else:
                 out.append(code)
         codes[start:] = out
-        self._node_blocks.clear()
+        runs.clear()
 
     @property
     def _t(self) -> dict[str, dict[str, list]]:
@@ -389,7 +395,7 @@ class Recording:
 
     def _place_nodes(self) -> None:
         """The logged node rows into the node table and the event order as one block,
-        written out row by row when read (`_expand_spans`, `_write_node_codes`): a step
+        written out row by row when read (`_expand_spans`, `_write_runs`): a step
         places a block after each run of eager nodes, and a row at a time cost most of
         what the log saves. A lone row goes in as it is: a block keeps two containers."""
         log = self._node_log
@@ -397,7 +403,7 @@ class Recording:
             k, mode, duration = log
             log.clear()
             if type(k) is tuple:
-                self._event_codes.extend(_codes(CODE_NODE, len(k)))
+                self._run(CODE_NODE, len(k))
                 self._ne.extend((self._step, k, mode, duration / len(k)))
                 self._spans += 1
             else:
@@ -408,10 +414,10 @@ class Recording:
         log.clear()
         self._ne.extend((self._step, _FlatRows(block, 3), None, None))
         self._spans += 1
-        if not self._node_blocks:
-            self._blocks_from = len(self._event_codes)
-        self._node_blocks.append(block)
-        self._event_codes.append(CODE_NODE_BLOCK)
+        if not self._runs:
+            self._runs_from = len(self._event_codes)
+        self._runs += (CODE_NODE, block)
+        self._event_codes.append(CODE_RUN)
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
@@ -428,7 +434,7 @@ class Recording:
             self._place_nodes()
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._event_codes.extend(_codes(CODE_BUFFER, len(rows)))
+            self._run(CODE_BUFFER, len(rows))
             self._bu.extend((self._step, rows, None, None, None))
             self._spans += 1
 
@@ -441,7 +447,7 @@ class Recording:
         if self._node_log:
             self._place_nodes()
         if fields:
-            self._event_codes.extend(_codes(CODE_BUFFER, len(fields) // 4))
+            self._run(CODE_BUFFER, len(fields) // 4)
             self._bu.extend((self._step, _FlatRows(fields, 4), None, None, None))
             self._spans += 1
 
@@ -453,7 +459,7 @@ class Recording:
             self._place_nodes()
         if rows:
             rows = rows if type(rows) is tuple else tuple(rows)  # a span is told from a row by its tuple
-            self._event_codes.extend(_codes(CODE_VIEW, len(rows)))
+            self._run(CODE_VIEW, len(rows))
             self._vi.extend((self._step, rows, None, None, None, None, None))
             self._spans += 1
 
@@ -508,7 +514,7 @@ class Recording:
                                  f"positions must lie within the {len(rows)} rows")
             self._lv_positions = (positions, rows)
         self._lv_pending.append((self._step, rows, nbytes))
-        self._event_codes.extend(_codes(CODE_LIVENESS, len(rows)))
+        self._run(CODE_LIVENESS, len(rows))
         return None
 
     @staticmethod
@@ -575,7 +581,7 @@ class Recording:
         if g is None:
             g = self._new_generic(table)
         g.pending.extend((self._step, (tuple(columns), rows)))
-        self._event_codes.extend(_codes(g.code, len(rows)))
+        self._run(g.code, len(rows))
 
     def add_flat_rows(self, table: str, columns: tuple[str, ...], fields: tuple) -> None:
         """`add_rows` with the rows' fields one after another in one tuple (`len(columns)`
@@ -622,7 +628,7 @@ class Recording:
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
         self._node_log.clear()
-        self._node_blocks.clear()
+        self._runs.clear()
         self._lv_pending.clear()
         self._lv_last = self._lv_positions = None
         for rows in self._pending.values():
