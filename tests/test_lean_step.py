@@ -158,11 +158,16 @@ def test_an_input_that_turns_strided_changes_owners_and_the_rows_follow():
     rng = np.random.default_rng(2)
     contiguous = np.empty((2, 12), np.float32)
     transposed = np.empty((12, 2), np.float32)
+    planned = None
     for run in range(RUNS + 2):
         x = contiguous if run % 3 else transposed.T  # (2, 12) column-major: Reshape must copy
         x[...] = rng.standard_normal((2, 12))
         _forget(fresh)
         got = lean.run(None, {"x": x})
+        owners = lean.executor.state.storage.owner
+        if planned is not None and owners is planned[0]:  # liveness trusts the plan's dict unwritten
+            assert owners == planned[1], f"run {run}: a step wrote into the storage plan's owners"
+        planned = (owners, dict(owners))
         fresh.run(None, {"x": x})
         want = oracle.run(None, {"x": np.ascontiguousarray(x)})
         for a, b in zip(got, want):

@@ -10,15 +10,20 @@ step hands the Recording the very same tuple (and patch) again.
 
 Per step, what is still read is only what can change: the owners of view values
 (the executor starts every step from the storage plan's owners and only a layout
-node rewrites its own output's), and the arrays of holding values other than the
+node rewrites its own output's, in a copy: a step whose owners are the plan's very
+dict, as last time, has the same), and the arrays of holding values other than the
 graph's initializers, which never change (no feed can replace one: the session
 refuses a feed named like an initializer). Of those arrays, one that is the very object it
 was last step has its last nbytes (an array cannot change size while referenced), so
-comparing references is all a replayed step costs, and it touches no array.
+comparing references is all a replayed step costs, and it reads no array's size.
+The sizes are kept as one block of machine integers, copied and compared whole: a
+decode step streams its weights through the caches, and a list's int objects, each
+wherever it lies, would be fetched from memory one by one every step.
 """
 
 from __future__ import annotations
 
+import array
 import itertools
 import operator
 from typing import Any
@@ -30,11 +35,18 @@ _OWNS = frozenset({OWNER, INPUT, INITIALIZER})
 _NBYTES = operator.attrgetter("nbytes")
 
 
+def _sizes(nbytes) -> array.array:
+    """Sizes in one flat block of machine integers: a step copies and compares them
+    whole, where a list would reach each size's own int object, wherever it lies (a
+    decode step streams its weights through the caches between two such reads)."""
+    return array.array("q", nbytes)
+
+
 class LivenessRows:
     """A slot's last liveness rows and what they were made from."""
 
     __slots__ = ("storage", "static", "view_vids", "_owner_of", "fixed_vids", "rows", "view_owners", "pinned", "released",
-                 "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_moving")
+                 "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_moving", "_plan_owners")
 
     def __init__(self, sp: StoragePlan, view_vids: tuple[int, ...], fixed_vids: frozenset[int]):
         self.storage = sp
@@ -49,12 +61,16 @@ class LivenessRows:
         #: the rows last built in full (a later step's differ from them only in nbytes)
         self.rows: tuple | None = None
         self.view_owners: tuple | None = None  # the owners of `view_vids` when `rows` were built
+        #: the storage plan's owner dict, once `view_owners` were read from it: no step
+        #: writes into it (the executor copies it at a step's first owner change), so
+        #: a step whose owners are that very dict has those view owners without a read
+        self._plan_owners: dict | None = None
         self.pinned: set = set()
         self.released: dict = {}
         self.holding: tuple[int, ...] = ()  # row positions whose nbytes is read from the value
         self.moving_at: tuple[int, ...] = ()  # positions in `holding` of values that may change
-        self.nbytes: list | None = None  # the holding values' nbytes at the last step
-        self.built_nbytes: list | None = None  # ... and when `rows` were built
+        self.nbytes: array.array | None = None  # the holding values' nbytes at the last step
+        self.built_nbytes: array.array | None = None  # ... and when `rows` were built
         self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
         #: the moving values' arrays when `nbytes` was read (they are in the env too)
         self.objects: tuple | None = None
@@ -65,7 +81,7 @@ class LivenessRows:
         """This step's rows into `rec`."""
         rows = patch = None
         if self.rows is not None and self.nbytes is not None and not released and not self.released \
-                and pinned == self.pinned and self._view_owners(owners) == self.view_owners:
+                and pinned == self.pinned and self._same_view_owners(owners):
             nbytes = self.nbytes_now(env)
             if nbytes is not None:
                 rows = self.rows
@@ -77,9 +93,19 @@ class LivenessRows:
         if rows is None:
             rows = self.rows = self._build(env, owners, buffers, released, pinned)
             self.view_owners = self._view_owners(owners)
+            self._plan_owners = owners if owners is self.storage.owner else None
             self.pinned, self.released = set(pinned), dict(released)
             self._set_holding(tuple(i for i, r in enumerate(rows) if r[1] in _OWNS), env)
         rec.liveness(rows, patch)
+
+    def _same_view_owners(self, owners: dict[int, int]) -> bool:
+        if owners is self._plan_owners:
+            return True
+        if self._view_owners(owners) != self.view_owners:
+            return False
+        if owners is self.storage.owner:
+            self._plan_owners = owners
+        return True
 
     def _view_owners(self, owners: dict[int, int]) -> tuple:
         try:
@@ -111,13 +137,13 @@ class LivenessRows:
         self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
         self._moving = items_at([vids[i] for i in self.moving_at])
         try:
-            self.nbytes = self.built_nbytes = list(map(_NBYTES, items_at(vids)(env)))
+            self.nbytes = self.built_nbytes = _sizes(map(_NBYTES, items_at(vids)(env)))
         except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
             self.nbytes = self.built_nbytes = None
         self.objects = None
         self.patch = None
 
-    def nbytes_now(self, env: list) -> list | None:
+    def nbytes_now(self, env: list) -> array.array | None:
         """nbytes of every holding value now (the very list of the last step where no
         moving value changed); None when one has none (an absent value, whose row falls
         back to its buffer, or a sequence): then rows are rebuilt."""
@@ -126,13 +152,13 @@ class LivenessRows:
         nbytes = self.nbytes
         try:
             if last is None:
-                nbytes = list(nbytes)
+                nbytes = _sizes(nbytes)
                 for i, obj in zip(self.moving_at, objects):
                     nbytes[i] = obj.nbytes
             else:
                 changed = list(itertools.compress(range(len(objects)), map(operator.is_not, objects, last)))
                 if changed:
-                    nbytes = list(nbytes)
+                    nbytes = _sizes(nbytes)
                     moving_at = self.moving_at
                     for i in changed:
                         nbytes[moving_at[i]] = objects[i].nbytes
