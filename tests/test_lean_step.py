@@ -259,6 +259,9 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     assert len(checked) == RUNS and min(checked) > 0
     patched = [patch for _, _, patch in lean.recording._lv_pending if patch is not None]
     assert patched, "growing steps pass their last rows with an nbytes patch"
+    if (lean.recording.capture_events().event == "replay").any():  # (optimum's merged graph: no capture)
+        watched = lean.executor._liveness[lean.executor.state.name]
+        assert watched._watching is watched._watch_replay, "replays of the same graphs compare only the rest"
     _assert_same_recording(lean, fresh)
     lv = lean.recording.liveness()
     per_step = lv.groupby("step").bytes.sum()
@@ -361,3 +364,67 @@ def test_io_rows_are_read_for_new_arrays_and_skip_positions_without_one():
         if k == 2:
             assert got is last, "the same arrays again give the last tuple itself"
         last = got
+
+
+class _LivenessSink:
+    """What a Recording keeps of each step's liveness rows: their nbytes, patched."""
+
+    def __init__(self):
+        self.steps = []
+
+    def liveness(self, rows, patch):
+        nbytes = [r[3] for r in rows]
+        if patch is not None:
+            for position, size in zip(*patch):
+                nbytes[position] = size
+        self.steps.append(dict(zip((r[0] for r in rows), nbytes)))
+
+
+def test_liveness_compares_only_what_a_replay_of_the_same_graphs_does_not_restore():
+    """A step that replays the same captured graphs as the last (the very `replayed`
+    set) compares only the other values; a first replay, a replay of other graphs (a new
+    set, even one equal to the last) or an eager step compares them all. Every step's
+    sizes are the arrays' own, through changes inside and outside the replayed values."""
+    from workbench.executor.liveness_rows import LivenessRows
+    from workbench.executor.storage import OWNER, StoragePlan
+
+    sp = StoragePlan()
+    for vid in range(4):
+        sp.storage[vid], sp.owner[vid], sp.first_def[vid], sp.last_use[vid] = OWNER, vid, vid, vid + 1
+    rows, sink = LivenessRows(sp, (), frozenset()), _LivenessSink()
+    env = [np.zeros(n, np.float32) for n in (1, 2, 3, 4)]
+    graphs = frozenset({1, 2})  # what the installed graphs restore
+    steps = [(None, {}),                      # eager
+             (graphs, {1: 5}),                 # first replay: all compared
+             (graphs, {3: 6}),                 # the same graphs: 3 compared
+             (graphs, {0: 7}),
+             (frozenset({1, 2}), {2: 8}),      # recaptured (a new set): all compared again
+             (None, {1: 9}),                   # eager
+             (graphs, {2: 10}),                # replay after an eager step: all compared
+             (graphs, {3: 11})]                # the same graphs again: 0 and 3 compared
+    for replayed, new in steps:
+        for vid, n in new.items():
+            env[vid] = np.zeros(n, np.float32)
+        rows.emit(sink, env, sp.owner, {}, {}, set(), replayed)
+        assert sink.steps[-1] == {vid: a.nbytes for vid, a in enumerate(env)}, f"step {len(sink.steps) - 1}"
+    assert rows._watching is not rows._watch_all and len(rows._watching[1]) == 2, "the last same-graph replay"
+
+
+def test_a_replay_restores_one_set_while_the_same_graphs_stay_installed():
+    """`replay_restores` is the very same set for as long as the same graphs replay, and
+    another after a new capture or a retire (liveness tells a replay of the same graphs
+    by that identity)."""
+    from types import SimpleNamespace
+
+    from workbench.executor.capture import SlotCapture
+    from workbench.executor.capture_runner import CaptureRunner
+
+    cap = SlotCapture()
+    cap.graphs = {0: SimpleNamespace(outputs={5: None, 6: None}), 2: SimpleNamespace(outputs={9: None})}
+    first = CaptureRunner.replay_restores(cap)
+    assert first == {5, 6, 9} and CaptureRunner.replay_restores(cap) is first
+    cap.retire()
+    assert CaptureRunner.replay_restores(cap) is not first
+    cap.graphs, cap.captures = {0: SimpleNamespace(outputs={7: None})}, cap.captures + 1
+    again = CaptureRunner.replay_restores(cap)
+    assert again == {7} and CaptureRunner.replay_restores(cap) is again

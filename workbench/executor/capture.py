@@ -96,6 +96,9 @@ class SlotCapture:
     #: ((captures, retires, segments replayed), views, pin rows, owners) of the last
     #: replay's zero-copy views (`CaptureRunner._replayed_views`)
     replayed_views: tuple | None = None
+    #: ((captures, retires), value ids) of what a replay of the installed graphs
+    #: restores (`CaptureRunner.replay_restores`)
+    replay_outputs: tuple | None = None
 
     @property
     def installed(self) -> bool:

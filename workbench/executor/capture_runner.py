@@ -242,6 +242,18 @@ class CaptureRunner:
         return "replay"
 
     @staticmethod
+    def replay_restores(cap: SlotCapture) -> frozenset:
+        """The values whose arrays a full replay of `cap`'s installed graphs sets: the
+        very arrays each graph recorded into, every replay of the same graphs. One
+        frozenset for as long as those graphs stay installed (a new capture or a retire
+        makes another), so a caller can tell a replay of the same graphs by identity."""
+        key = (cap.captures, cap.retires)
+        kept = cap.replay_outputs
+        if kept is None or kept[0] != key:
+            kept = cap.replay_outputs = (key, frozenset(vid for g in cap.graphs.values() for vid in g.outputs))
+        return kept[1]
+
+    @staticmethod
     def _replay_events(rec: Any, events: list) -> None:
         """A step's capture_events replay rows, one per segment replayed, as one block:
         the rows of one `add_row` call each, after the step's replayed node rows."""

@@ -283,7 +283,7 @@ class Executor(DecodeMemoSteps):
             return env
         snapshot = self._shadow_snapshot(feeds, bound, action)
         self._skipped_ifs = []
-        self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot)
+        capture_mode = self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot)
         if bound:
             self._fill_bound(env, bound)
         if action == "replayed" and self.options.decode_memo_verify:
@@ -297,7 +297,7 @@ class Executor(DecodeMemoSteps):
         self.memo_stats.views_reused += views_reused
         if rec is not None:
             self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(reinstated), views_reused)
-            self._emit_liveness(rec, env, released, pinned)
+            self._emit_liveness(rec, env, released, pinned, capture_mode)
             self._emit_io_buffers(rec, feeds, bound, env)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
@@ -521,13 +521,15 @@ class Executor(DecodeMemoSteps):
                 owners = self._owners = dict(owners)
             owners[vid] = owner
 
-    def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int]) -> None:
+    def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int],
+                       capture_mode: str) -> None:
         """One row per value of the storage plan (see `liveness_rows`)."""
         sp = self.state.storage
         rows = self._liveness.get(self.state.name)
         if rows is None or rows.storage is not sp:
             rows = self._liveness[self.state.name] = LivenessRows(sp, self._view_vids, self._fixed_vids)
-        rows.emit(rec, env, self._owners, self.state.buffers, released, pinned)
+        replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
+        rows.emit(rec, env, self._owners, self.state.buffers, released, pinned, replayed)
 
     def _emit_io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
         """Where this step's caller-facing arrays live: every feed, bound output and graph

@@ -46,7 +46,8 @@ class LivenessRows:
     """A slot's last liveness rows and what they were made from."""
 
     __slots__ = ("storage", "static", "view_vids", "_owner_of", "fixed_vids", "rows", "view_owners", "pinned", "released",
-                 "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_moving", "_plan_owners")
+                 "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_plan_owners",
+                 "_moving_vids", "_watch_all", "_watch_replay", "_watching", "_replayed")
 
     def __init__(self, sp: StoragePlan, view_vids: tuple[int, ...], fixed_vids: frozenset[int]):
         self.storage = sp
@@ -72,17 +73,28 @@ class LivenessRows:
         self.nbytes: array.array | None = None  # the holding values' nbytes at the last step
         self.built_nbytes: array.array | None = None  # ... and when `rows` were built
         self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
-        #: the moving values' arrays when `nbytes` was read (they are in the env too)
+        #: the watched values' arrays when `nbytes` was read (they are in the env too)
         self.objects: tuple | None = None
-        self._moving: Any = None
+        self._moving_vids: list[int] = []  # the values at `moving_at`
+        #: (getter of the arrays, their positions in `holding`) of the values a step
+        #: compares: every moving value, or those a replay of the same captured graphs
+        #: as last step does not restore (`_watch_for`); `objects` are `_watching`'s
+        self._watch_all: tuple = (items_at(()), ())
+        self._watch_replay: tuple | None = None
+        self._watching: tuple | None = None
+        #: the values the last step's replay restored, as `emit` got them
+        self._replayed: frozenset | None = None
 
     def emit(self, rec: Any, env: list, owners: dict[int, int], buffers: dict[int, Any],
-             released: dict[int, int], pinned: set[int]) -> None:
-        """This step's rows into `rec`."""
+             released: dict[int, int], pinned: set[int], replayed: frozenset | None = None) -> None:
+        """This step's rows into `rec`. `replayed`: where the step replayed captured
+        graphs, the values whose arrays every replay of those graphs restores as the
+        very same objects (`CaptureRunner.replay_restores`), one frozenset for as long
+        as the same graphs replay; None otherwise."""
         rows = patch = None
         if self.rows is not None and self.nbytes is not None and not released and not self.released \
                 and pinned == self.pinned and self._same_view_owners(owners):
-            nbytes = self.nbytes_now(env)
+            nbytes = self.nbytes_now(env, replayed)
             if nbytes is not None:
                 rows = self.rows
                 if nbytes is self.nbytes or nbytes == self.nbytes:
@@ -135,7 +147,9 @@ class LivenessRows:
         self.holding = positions
         vids = [self.static[i][0] for i in positions]
         self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
-        self._moving = items_at([vids[i] for i in self.moving_at])
+        self._moving_vids = [vids[i] for i in self.moving_at]
+        self._watch_all = (items_at(self._moving_vids), self.moving_at)
+        self._watch_replay = self._watching = self._replayed = None
         try:
             self.nbytes = self.built_nbytes = _sizes(map(_NBYTES, items_at(vids)(env)))
         except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
@@ -143,26 +157,42 @@ class LivenessRows:
         self.objects = None
         self.patch = None
 
-    def nbytes_now(self, env: list) -> array.array | None:
+    def nbytes_now(self, env: list, replayed: frozenset | None = None) -> array.array | None:
         """nbytes of every holding value now (the very list of the last step where no
         moving value changed); None when one has none (an absent value, whose row falls
         back to its buffer, or a sequence): then rows are rebuilt."""
-        objects = self._moving(env)
-        last = self.objects
+        watch = self._watch_for(replayed)
+        get, moving_at = watch
+        objects = get(env)
+        last = self.objects if self._watching is watch else None
         nbytes = self.nbytes
         try:
             if last is None:
                 nbytes = _sizes(nbytes)
-                for i, obj in zip(self.moving_at, objects):
+                for i, obj in zip(moving_at, objects):
                     nbytes[i] = obj.nbytes
             else:
                 changed = list(itertools.compress(range(len(objects)), map(operator.is_not, objects, last)))
                 if changed:
                     nbytes = _sizes(nbytes)
-                    moving_at = self.moving_at
                     for i in changed:
                         nbytes[moving_at[i]] = objects[i].nbytes
         except AttributeError:
             return None
-        self.objects = objects
+        self.objects, self._watching = objects, watch
         return nbytes
+
+    def _watch_for(self, replayed: frozenset | None) -> tuple:
+        """The values to compare this step. A step that replays the same captured graphs
+        as the last (the very `replayed` set) gets every value they restore back as the
+        very array of the last step, whose nbytes are those read then: only the others
+        are compared (in a small llama's decode, 38 of 174). Any other step compares
+        them all, and a replay that follows it may skip from the next step on."""
+        if replayed is None or replayed is not self._replayed:
+            self._replayed, self._watch_replay = replayed, None
+            return self._watch_all
+        if self._watch_replay is None:
+            keep = [k for k, vid in enumerate(self._moving_vids) if vid not in replayed]
+            self._watch_replay = (items_at([self._moving_vids[k] for k in keep]),
+                                  tuple(self.moving_at[k] for k in keep))
+        return self._watch_replay
