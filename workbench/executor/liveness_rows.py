@@ -158,9 +158,9 @@ class LivenessRows:
         self.patch = None
 
     def nbytes_now(self, env: list, replayed: frozenset | None = None) -> array.array | None:
-        """nbytes of every holding value now (the very list of the last step where no
-        moving value changed); None when one has none (an absent value, whose row falls
-        back to its buffer, or a sequence): then rows are rebuilt."""
+        """nbytes of every holding value now (the very array of the last step where no
+        compared value changed, `_watch_for`); None when one has none (an absent value,
+        whose row falls back to its buffer, or a sequence): then rows are rebuilt."""
         watch = self._watch_for(replayed)
         get, moving_at = watch
         objects = get(env)
