@@ -23,6 +23,7 @@ from oracles import tensor as _tensor
 
 import workbench
 from workbench import Generator, Recording, SessionOptions, models
+from workbench.addresses import owned_addresses
 from workbench.executor.io_rows import IO_COLUMNS, IoRows
 from workbench.executor.views import KnownAddresses, address, storage_root
 
@@ -218,25 +219,25 @@ def test_io_buffers_addresses_are_where_each_array_is_now():
 
 def test_io_buffers_rows_of_the_very_same_arrays_are_the_last_steps():
     """A fixed-KV decode feeds the very same arrays every step and gets the last step's
-    io_buffers rows back. That relies on an array fed before never moving: numpy refuses
-    to resize in place an array with weak references, which the executor holds."""
+    io_buffers block back, read afresh and found equal; a new array gets its own."""
     model = _view_model()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
     checked = _check_io_addresses(session)
     oracle = _ort(model)
     rng = np.random.default_rng(4)
     x = np.empty((2, 12), np.float32)
-    for run in range(RUNS):
+    for run in range(RUNS + 1):
+        if run == RUNS:
+            x = np.empty((2, 12), np.float32)
         x[...] = rng.standard_normal((2, 12))
         got = session.run(None, {"x": x})
         for a, b in zip(got, oracle.run(None, {"x": x.copy()})):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
-        with pytest.raises(ValueError, match="referenced"):
-            x.resize((1 << 20,), refcheck=False)
-    assert len(checked) == RUNS
+    assert len(checked) == RUNS + 1
     blocks = session.recording._generic["io_buffers"].pending[1::2]  # (columns, rows) of each step
-    fields = [block[1].fields for block in blocks]
-    assert all(f is fields[1] for f in fields[1:]), "one fields tuple for every step of the same arrays"
+    rows = [block[1] for block in blocks]
+    assert all(r is rows[1] for r in rows[1:RUNS]), "one block of rows for every step of the same arrays"
+    assert rows[RUNS] is not rows[RUNS - 1]
 
 
 @pytest.mark.parametrize("flavor, export", [("onnx", None), ("genai", None), ("onnx", "optimum-merged")])
@@ -342,28 +343,44 @@ def test_known_addresses_never_serve_a_dead_array_whose_id_came_back():
 
 
 def test_io_rows_are_read_for_new_arrays_and_skip_positions_without_one():
-    """The flat io_buffers fields of each step: a row per position holding an array (a
-    position may hold none, e.g. an output not produced), read afresh where the array is
-    new, the very last tuple where every array is the last step's."""
+    """The io_buffers rows of each step: a row per position holding an array (a position
+    may hold none, e.g. an output not produced), read afresh where the array is new, the
+    very last block where every array is the last step's."""
     layout = ((1, "feed"), (2, "feed"), (3, "output"))
     big = np.zeros(64, np.float32)
     a, b, c = np.ones(4, np.float32), big[8:16], np.zeros((2, 3), np.float64)
     io, addresses = IoRows(), KnownAddresses()
-
-    def expected(arrays):
-        return tuple(f for (vid, role), arr in zip(layout, arrays) if arr is not None
-                     for f in (vid, role, address(arr), arr.nbytes, address(storage_root(arr)),
-                               storage_root(arr).nbytes))
-
     steps = [(a, None, b), (a, c, b), (a, c, b), (np.ones(2, np.float32), c, None), (a, b, c)]
     last = None
     for k, arrays in enumerate(steps):
-        got = io.fields(layout, arrays, addresses)
-        assert got == expected(arrays), f"step {k}"
-        assert len(got) % len(IO_COLUMNS) == 0
+        got = io.block(layout, arrays, addresses)
+        assert list(got) == _expected_io_rows(layout, arrays), f"step {k}"
+        assert len(got) == len(list(got)) and all(len(row) == len(IO_COLUMNS) for row in got)
         if k == 2:
-            assert got is last, "the same arrays again give the last tuple itself"
+            assert got is last, "the same arrays again give the last block itself"
         last = got
+
+
+def _expected_io_rows(layout, arrays):
+    return [(vid, role, address(arr), arr.nbytes, address(storage_root(arr)), storage_root(arr).nbytes)
+            for (vid, role), arr in zip(layout, arrays) if arr is not None]
+
+
+def test_io_rows_of_owning_arrays_read_together_match_one_at_a_time():
+    """Plain arrays owning their bytes are read in one pass (`owned_addresses`); a
+    mix with a view, a subclass or a position without an array one at a time. Both
+    give each array's own address and size, and its base's."""
+    layout = tuple((k, "feed") for k in range(4))
+    pool = np.zeros(64, np.float32)
+    io = IoRows()
+    owning = [np.zeros(k + 1, np.float32) for k in range(4)]
+    mixes = [tuple(owning), (owning[0], pool[3:9], owning[2], owning[3]),
+             (owning[0], owning[1], pool.view(np.recarray)[:0].base, None),
+             (np.zeros(0, np.float32), owning[1], owning[2], owning[3])]
+    for k, arrays in enumerate(mixes * 2):
+        got = io.block(layout, arrays, KnownAddresses())
+        assert list(got) == _expected_io_rows(layout, arrays), f"mix {k}"
+    assert owned_addresses(tuple(owning)) is not None and owned_addresses(mixes[1]) is None
 
 
 class _LivenessSink:

@@ -543,7 +543,7 @@ class Executor(DecodeMemoSteps):
         if layout is None:
             layout = self._io_layouts[(tuple(feeds), key)] = io_layout(feeds, bound, outputs)
         arrays = (*feeds.values(), *bound.values(), *map(env.__getitem__, outputs))
-        rec.add_flat_rows("io_buffers", IO_COLUMNS, self._io_rows.fields(layout, arrays, self.addresses))
+        rec.add_rows("io_buffers", IO_COLUMNS, self._io_rows.block(layout, arrays, self.addresses))
 
     def output_for_caller(self, vid: int) -> Any:
         """Graph output `vid` of the last run as the caller gets it: a host copy, or the

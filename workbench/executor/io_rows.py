@@ -2,70 +2,90 @@
 
 One row per array: (value_id, role, address, nbytes, base_address, base_nbytes), the
 base being the buffer at the bottom of the array's view chain (`KnownAddresses.where`).
-A decode loop hands the executor mostly the very arrays of the last step (a fixed-KV
-decode all of them but the attention mask, which grows; a growing one its caches as
-last step's outputs), and an array's row is a function of the array alone: its view
-chain never changes, and numpy refuses to resize (move) an array that has weak
-references, as these rows hold. So a row is read afresh only for an array that is not
-the one at its position last step, and a step of only such arrays hands the Recording
-the very fields tuple of the last. The Recording gets the rows' fields one after
-another in one tuple (`Recording.add_flat_rows`): a step that keeps a tuple per row
-gives the garbage collector's young generation one more object per row to count (a
-growing SmolLM2 cache: 120 a step).
+
+This runs at the end of every traced step, and a decode loop hands the executor new
+arrays most steps (a growing cache: every past and present), so every array is read
+every step, as cheaply as can be: where all are plain numpy arrays owning their bytes
+(each its own base), in a few passes of C calls over all of them (`owned_addresses`),
+else one at a time. The numbers lie in one array('Q') that the Recording keeps with the
+layout as one block (`IoBlock`): no int or tuple per row for the step to make, nor for
+the garbage collector to count; a step whose numbers are the last step's hands it the
+very same block again (a fixed cache binds the same arrays every step).
 """
 
 from __future__ import annotations
 
-import weakref
-from itertools import chain
+import operator
+from array import array
+from collections.abc import Iterator
 from typing import Any
 
+from ..addresses import owned_addresses
 from .views import KnownAddresses
 
 IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
-WIDTH = len(IO_COLUMNS)  # fields a row
+NUMBERS = len(IO_COLUMNS) - 2  # a row's numbers: all but value id and role
+_NBYTES = operator.attrgetter("nbytes")
+
+
+class IoBlock:
+    """One step's io_buffers rows: the layout's (value id, role) of each position that
+    holds an array, with its `NUMBERS` numbers in turn from a flat array; what a
+    Recording's table keeps of a block of rows (its length, its rows)."""
+
+    __slots__ = ("layout", "numbers", "positions")
+
+    def __init__(self, layout: tuple, numbers: array, positions: tuple | None) -> None:
+        self.layout, self.numbers = layout, numbers
+        self.positions = positions  # the positions that hold an array; None: all of them
+
+    def __len__(self) -> int:
+        return len(self.numbers) // NUMBERS
+
+    def __iter__(self) -> Iterator[tuple]:
+        numbers, layout = self.numbers, self.layout
+        positions = range(len(layout)) if self.positions is None else self.positions
+        for k, i in enumerate(positions):
+            yield (*layout[i], *numbers[k * NUMBERS:(k + 1) * NUMBERS])
 
 
 class IoRows:
-    """The last step's rows, per position, and weak references to the arrays they describe."""
+    """The last step's block, handed again while the numbers stay the same."""
 
-    __slots__ = ("_layout", "_refs", "_fields", "_held", "_emitted")
+    __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._layout: tuple | None = None  # ((vid, role), ...) of the last step's positions
-        self._refs: list = []  # per position: a weak reference to the array, or None
-        self._fields: list = []  # per position: its row's WIDTH fields, one position after another
-        self._held: list = []  # per position: whether it holds an array (else it has no row)
-        self._emitted: tuple = ()  # the last fields tuple handed to the Recording
+        self._last: IoBlock | None = None
 
-    def fields(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> tuple:
+    def block(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> IoBlock:
         """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)
-        that holds an array, as one flat tuple: each row's `IO_COLUMNS` fields in turn."""
-        if layout != self._layout:
-            self._layout, self._refs, self._held = layout, [None] * len(layout), [False] * len(layout)
-            self._fields = [f for position in layout for f in (*position, *(None,) * (WIDTH - 2))]
-            self._emitted = ()
-        refs, fields, held = self._refs, self._fields, self._held
-        changed = False
+        that holds an array."""
+        positions = None
+        addrs = owned_addresses(arrays)
+        if addrs is not None:  # each its own base
+            sizes = array("Q", map(_NBYTES, arrays))
+            numbers = array("Q", bytes(8 * NUMBERS * len(arrays)))
+            numbers[0::NUMBERS], numbers[1::NUMBERS] = addrs, sizes
+            numbers[2::NUMBERS], numbers[3::NUMBERS] = addrs, sizes
+        else:
+            numbers, positions = self._read_each(arrays, addresses)
+        last = self._last
+        if last is not None and last.layout is layout and last.positions == positions \
+                and last.numbers == numbers:
+            return last
+        self._last = IoBlock(layout, numbers, positions)
+        return self._last
+
+    @staticmethod
+    def _read_each(arrays: tuple, addresses: KnownAddresses) -> tuple[array, tuple | None]:
+        """The numbers of each array that holds bytes (a view's base found under it),
+        and the positions that do (None: all of them)."""
+        numbers, held = array("Q"), []
         for i, arr in enumerate(arrays):
-            ref = refs[i]
-            if ref is not None and ref() is arr:
-                continue
-            changed = True
             if hasattr(arr, "nbytes"):
-                at = i * WIDTH + 2  # value id and role stay as the layout says
-                fields[at:at + WIDTH - 2] = addresses.where(arr)
-                held[i] = True
-                try:
-                    refs[i] = weakref.ref(arr)
-                except TypeError:  # no weak references: read afresh every step
-                    refs[i] = None
-            else:
-                held[i], refs[i] = False, None
-        if changed or not self._emitted:
-            self._emitted = tuple(fields) if all(held) else tuple(chain.from_iterable(
-                fields[i * WIDTH:(i + 1) * WIDTH] for i, h in enumerate(held) if h))
-        return self._emitted
+                numbers.extend(addresses.where(arr))
+                held.append(i)
+        return numbers, None if len(held) == len(arrays) else tuple(held)
 
 
 def io_layout(feeds: dict[int, Any], bound: dict[int, Any], outputs: tuple[int, ...]) -> tuple:
