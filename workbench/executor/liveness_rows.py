@@ -24,7 +24,6 @@ wherever it lies, would be fetched from memory one by one every step.
 from __future__ import annotations
 
 import array
-import itertools
 import operator
 from typing import Any
 
@@ -168,15 +167,16 @@ class LivenessRows:
         nbytes = self.nbytes
         try:
             if last is None:
-                nbytes = _sizes(nbytes)
+                nbytes = nbytes[:]
                 for i, obj in zip(moving_at, objects):
                     nbytes[i] = obj.nbytes
-            else:
-                changed = list(itertools.compress(range(len(objects)), map(operator.is_not, objects, last)))
-                if changed:
-                    nbytes = _sizes(nbytes)
-                    for i in changed:
-                        nbytes[moving_at[i]] = objects[i].nbytes
+            else:  # a plain loop: after the step's kernels, fewer cold code paths than map/compress
+                copied = False
+                for k, obj in enumerate(objects):
+                    if obj is not last[k]:
+                        if not copied:
+                            nbytes, copied = nbytes[:], True
+                        nbytes[moving_at[k]] = obj.nbytes
         except AttributeError:
             return None
         self.objects, self._watching = objects, watch
