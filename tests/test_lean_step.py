@@ -38,6 +38,8 @@ def _forget(session):
     ex._liveness.clear()
     ex.addresses.clear()
     ex.capture_runner._segment_rows.clear()
+    ex._memo_summary = None
+    ex._io_rows = IoRows()
 
 
 def _check_io_addresses(session):

@@ -30,6 +30,10 @@ from .plan import PlanNode
 from .shapes import resolve
 from .views import address, is_view_of
 
+#: the memo table's columns, as `_emit_memo_row` gives them
+MEMO_COLUMNS = ("slot", "phase", "action", "reason", "varying", "invariant_values", "variant_values",
+                "resolve_ms", "stage2", "views_reused", "dispatch_elided", "mismatch_streak")
+
 
 def bound_signature(bound: dict[int, Any]) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
@@ -369,12 +373,13 @@ class DecodeMemoSteps:
     def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
                        resolve_s: float, elided: int, views_reused: int) -> None:
         memo = self.state.memo
-        rec.add_row(
-            "memo", slot=slot, phase=phase, action=action, reason=reason,
-            varying=sorted(memo.varying) if memo is not None else [],
-            invariant_values=len(memo.invariant) if memo is not None else 0,
-            variant_values=len(memo.variant) if memo is not None else 0,
-            resolve_ms=resolve_s * 1e3, stage2=self.memo_state(),
-            views_reused=views_reused,
-            dispatch_elided=elided, mismatch_streak=self.state.stage2_streak,
-        )
+        summary = self._memo_summary
+        if summary is None or summary[0] is not memo or (memo is not None and summary[1] is not memo.varying):
+            # the memo's own fields, worked out once per memo (a new memo is a new object)
+            summary = self._memo_summary = (
+                memo, memo.varying if memo is not None else None,
+                sorted(memo.varying) if memo is not None else [],
+                len(memo.invariant) if memo is not None else 0, len(memo.variant) if memo is not None else 0)
+        rec.add_flat_rows("memo", MEMO_COLUMNS, (
+            slot, phase, action, reason, summary[2], summary[3], summary[4], resolve_s * 1e3,
+            self.memo_state(), views_reused, elided, self.state.stage2_streak))
