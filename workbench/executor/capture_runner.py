@@ -206,6 +206,7 @@ class CaptureRunner:
         replayed = []
         events: list = []  # the replay rows' fields, one segment after another (`_replay_events`)
         node_log = rec.node_log() if rec is not None else None  # each segment's node rows, without a call
+        clock = ex._host_clock
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
@@ -216,7 +217,8 @@ class CaptureRunner:
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, *why)
-            timer = ex.backend.start_timer() if rec is not None else None
+            if rec is not None:  # a host backend's clock read directly, as for an eager node
+                timer = clock() if clock is not None else ex.backend.start_timer()
             try:
                 ex.backend.launch(captured.graph)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
@@ -231,7 +233,7 @@ class CaptureRunner:
             replayed.append(captured)
             self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
-                duration = ex.backend.stop_timer(timer)  # the replayed kernels' device time
+                duration = clock() - timer if clock is not None else ex.backend.stop_timer(timer)  # device time
                 node_log += (seg.nodes, "replayed", duration)  # a span: `Recording.node_span`
                 events += (slot, seg.index, "replay", "binding signature unchanged", duration)
         cap.replays += 1
