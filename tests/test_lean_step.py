@@ -389,9 +389,10 @@ class _LivenessSink:
     """What a Recording keeps of each step's liveness rows: their nbytes, patched."""
 
     def __init__(self):
-        self.steps = []
+        self.steps, self.patches = [], []
 
     def liveness(self, rows, patch):
+        self.patches.append(patch)
         nbytes = [r[3] for r in rows]
         if patch is not None:
             for position, size in zip(*patch):
@@ -420,13 +421,21 @@ def test_liveness_compares_only_what_a_replay_of_the_same_graphs_does_not_restor
              (frozenset({1, 2}), {2: 8}),      # recaptured (a new set): all compared again
              (None, {1: 9}),                   # eager
              (graphs, {2: 10}),                # replay after an eager step: all compared
-             (graphs, {3: 11})]                # the same graphs again: 0 and 3 compared
+             (graphs, {3: 11}),                # the same graphs again: 0 and 3 compared
+             (graphs, {0: 12}),                # ... patching only them (rows rebased on the rest)
+             (graphs, {}),
+             (graphs, {0: 13, 3: 14}),
+             (None, {0: 7, 3: 11}),            # eager, back to the sizes before the patching steps
+             (graphs, {}), (graphs, {3: 16}), (graphs, {0: 17}),
+             (frozenset({1, 2}), {})]          # recaptured after patching only some
     for replayed, new in steps:
         for vid, n in new.items():
             env[vid] = np.zeros(n, np.float32)
         rows.emit(sink, env, sp.owner, {}, {}, set(), replayed)
         assert sink.steps[-1] == {vid: a.nbytes for vid, a in enumerate(env)}, f"step {len(sink.steps) - 1}"
-    assert rows._watching is not rows._watch_all and len(rows._watching[1]) == 2, "the last same-graph replay"
+    assert rows._watching is rows._watch_all, "the last step, a new set of graphs, compared them all"
+    sparse = [sink.patches[k] for k in (3, 8, 9, 10, 14)]  # the same graphs replayed a third time on
+    assert [len(positions) for positions, _ in sparse] == [2] * 5, "those steps patch only 0 and 3"
 
 
 def test_a_replay_restores_one_set_while_the_same_graphs_stay_installed():

@@ -46,7 +46,8 @@ class LivenessRows:
 
     __slots__ = ("storage", "static", "view_vids", "_owner_of", "fixed_vids", "rows", "view_owners", "pinned", "released",
                  "holding", "moving_at", "nbytes", "built_nbytes", "patch", "objects", "_plan_owners",
-                 "_moving_vids", "_watch_all", "_watch_replay", "_watching", "_replayed")
+                 "_moving_vids", "_watch_all", "_watch_replay", "_watching", "_replayed", "_sparse",
+                 "_nbytes_stale")
 
     def __init__(self, sp: StoragePlan, view_vids: tuple[int, ...], fixed_vids: frozenset[int]):
         self.storage = sp
@@ -83,6 +84,10 @@ class LivenessRows:
         self._watching: tuple | None = None
         #: the values the last step's replay restored, as `emit` got them
         self._replayed: frozenset | None = None
+        #: while the same graphs replay: (the replay watch, the row positions of its
+        #: values, their sizes), the rows rebased so that only those can differ
+        self._sparse: tuple | None = None
+        self._nbytes_stale = False  # `nbytes` lags the sparse sizes (`_full_nbytes`)
 
     def emit(self, rec: Any, env: list, owners: dict[int, int], buffers: dict[int, Any],
              released: dict[int, int], pinned: set[int], replayed: frozenset | None = None) -> None:
@@ -93,14 +98,22 @@ class LivenessRows:
         rows = patch = None
         if self.rows is not None and self.nbytes is not None and not released and not self.released \
                 and pinned == self.pinned and self._same_view_owners(owners):
-            nbytes = self.nbytes_now(env, replayed)
-            if nbytes is not None:
-                rows = self.rows
-                if nbytes is self.nbytes or nbytes == self.nbytes:
-                    nbytes, patch = self.nbytes, self.patch
-                elif nbytes != self.built_nbytes:
-                    patch = (self.holding, nbytes)
-                self.nbytes, self.patch = nbytes, patch
+            if replayed is not None and replayed is self._replayed and self._watch_replay is not None \
+                    and self._watching is self._watch_replay:
+                try:
+                    patch = self._replay_patch(env)
+                    rows = self.rows
+                except AttributeError:  # an absent value or a sequence: rebuilt below
+                    pass
+            else:
+                nbytes = self.nbytes_now(env, replayed)
+                if nbytes is not None:
+                    rows = self.rows
+                    if nbytes is self.nbytes or nbytes == self.nbytes:
+                        nbytes, patch = self.nbytes, self.patch
+                    elif nbytes != self.built_nbytes:
+                        patch = (self.holding, nbytes)
+                    self.nbytes, self.patch = nbytes, patch
         if rows is None:
             rows = self.rows = self._build(env, owners, buffers, released, pinned)
             self.view_owners = self._view_owners(owners)
@@ -148,7 +161,8 @@ class LivenessRows:
         self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
         self._moving_vids = [vids[i] for i in self.moving_at]
         self._watch_all = (items_at(self._moving_vids), self.moving_at)
-        self._watch_replay = self._watching = self._replayed = None
+        self._watch_replay = self._watching = self._replayed = self._sparse = None
+        self._nbytes_stale = False
         try:
             self.nbytes = self.built_nbytes = _sizes(map(_NBYTES, items_at(vids)(env)))
         except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
@@ -160,6 +174,8 @@ class LivenessRows:
         """nbytes of every holding value now (the very array of the last step where no
         compared value changed, `_watch_for`); None when one has none (an absent value,
         whose row falls back to its buffer, or a sequence): then rows are rebuilt."""
+        if self._nbytes_stale:
+            self._full_nbytes()
         watch = self._watch_for(replayed)
         get, moving_at = watch
         objects = get(env)
@@ -181,6 +197,54 @@ class LivenessRows:
             return None
         self.objects, self._watching = objects, watch
         return nbytes
+
+    def _replay_patch(self, env: list) -> tuple | None:
+        """The patch of a step that replays the same graphs as the last, which replayed
+        them too: only the values those graphs do not restore are compared, and the
+        patch names only them (`_enter_sparse` rebased the rows on every other size),
+        so a step copies a few dozen sizes instead of every holding value's. Raises
+        AttributeError where a compared value has no nbytes."""
+        sparse = self._sparse
+        if sparse is None or sparse[0] is not self._watch_replay:
+            sparse = self._enter_sparse()
+        watch, positions, sizes = sparse
+        objects = watch[0](env)
+        last = self.objects
+        copied = False
+        for k, obj in enumerate(objects):
+            if obj is not last[k]:
+                if not copied:
+                    sizes, copied = sizes[:], True
+                sizes[k] = obj.nbytes
+        self.objects = objects
+        if copied:
+            self._sparse = (watch, positions, sizes)
+            self.patch = (positions, sizes)
+            self._nbytes_stale = True
+        return self.patch
+
+    def _enter_sparse(self) -> tuple:
+        """Start patching only the replay watch's values: `nbytes` holds every size as
+        the last step left it (it compared this watch's values, the replay restored the
+        rest), so rows rebuilt on those sizes differ from later steps' only there."""
+        watch, nbytes = self._watch_replay, self.nbytes
+        if nbytes != self.built_nbytes:
+            rows = list(self.rows)
+            for k, i in enumerate(self.holding):
+                r = rows[i]
+                if r[3] != nbytes[k]:
+                    rows[i] = (*r[:3], nbytes[k], *r[4:])
+            self.rows, self.built_nbytes, self.patch = tuple(rows), nbytes, None
+        self._sparse = (watch, tuple(self.holding[m] for m in watch[1]), _sizes(nbytes[m] for m in watch[1]))
+        return self._sparse
+
+    def _full_nbytes(self) -> None:
+        """Bring `nbytes` up to the sparse sizes (a step left the replay watch)."""
+        watch, _, sizes = self._sparse
+        nbytes = self.nbytes[:]
+        for m, size in zip(watch[1], sizes):
+            nbytes[m] = size
+        self.nbytes, self._nbytes_stale = nbytes, False
 
     def _watch_for(self, replayed: frozenset | None) -> tuple:
         """The values to compare this step. A step that replays the same captured graphs
