@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import operator
 from array import array
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -81,12 +80,12 @@ def owned_addresses(arrays: tuple) -> array | None:
     """`address` of each of `arrays` in one pass of C calls, where every one is a plain
     numpy array owning its bytes (base None), else None. One array at a time costs a
     Python call and a ctypes object each; a traced decode step reads some thirty."""
-    if _DATA_FIELD is None or not arrays or set(map(type, arrays)) != {np.ndarray} \
-            or not all(map(operator.is_, map(_BASE, arrays), repeat(None))):
-        return None
     try:
+        if _DATA_FIELD is None or not arrays or set(map(type, arrays)) != {np.ndarray} \
+                or set(map(_BASE, arrays)) != {None}:
+            return None
         return array("Q", map(_VALUE, map(_read_pointer, map(_DATA_FIELD.__add__, map(id, arrays)))))
-    except TypeError:  # a null pointer reads as None: leave it to `address`
+    except TypeError:  # a base that cannot be hashed (an array: a view), or a null pointer read as None
         return None
 
 

@@ -7,10 +7,10 @@ This runs at the end of every traced step, and a decode loop hands the executor 
 arrays most steps (a growing cache: every past and present), so every array is read
 every step, as cheaply as can be: where all are plain numpy arrays owning their bytes
 (each its own base), in a few passes of C calls over all of them (`owned_addresses`),
-else one at a time. The numbers lie in one array('Q') that the Recording keeps with the
-layout as one block (`IoBlock`): no int or tuple per row for the step to make, nor for
-the garbage collector to count; a step whose numbers are the last step's hands it the
-very same block again (a fixed cache binds the same arrays every step).
+else one at a time. The numbers lie in arrays('Q'), a column each, that the Recording
+keeps with the layout as one block (`IoBlock`): no int or tuple per row for the step to
+make, nor for the garbage collector to count; a step whose numbers are the last step's
+hands it the very same block again (a fixed cache binds the same arrays every step).
 """
 
 from __future__ import annotations
@@ -30,23 +30,28 @@ _NBYTES = operator.attrgetter("nbytes")
 
 class IoBlock:
     """One step's io_buffers rows: the layout's (value id, role) of each position that
-    holds an array, with its `NUMBERS` numbers in turn from a flat array; what a
-    Recording's table keeps of a block of rows (its length, its rows)."""
+    holds an array, and its address, nbytes, base address and base nbytes, each a
+    column in an array('Q') (an array owning its bytes is its own base: where all do,
+    the base columns are the very address and nbytes arrays); what a Recording's table
+    keeps of a block of rows (its length, its rows)."""
 
-    __slots__ = ("layout", "numbers", "positions")
+    __slots__ = ("layout", "positions", "columns")
 
-    def __init__(self, layout: tuple, numbers: array, positions: tuple | None) -> None:
-        self.layout, self.numbers = layout, numbers
+    def __init__(self, layout: tuple, positions: tuple | None, columns: tuple[array, ...]) -> None:
+        self.layout = layout
         self.positions = positions  # the positions that hold an array; None: all of them
+        self.columns = columns  # (addresses, nbytes, base addresses, base nbytes)
 
     def __len__(self) -> int:
-        return len(self.numbers) // NUMBERS
+        return len(self.columns[0])
 
     def __iter__(self) -> Iterator[tuple]:
-        numbers, layout = self.numbers, self.layout
-        positions = range(len(layout)) if self.positions is None else self.positions
-        for k, i in enumerate(positions):
-            yield (*layout[i], *numbers[k * NUMBERS:(k + 1) * NUMBERS])
+        layout = self.layout if self.positions is None else [self.layout[i] for i in self.positions]
+        for (vid, role), *numbers in zip(layout, *self.columns):
+            yield (vid, role, *numbers)
+
+    def same_rows(self, layout: tuple, positions: tuple | None, columns: tuple[array, ...]) -> bool:
+        return self.layout is layout and self.positions == positions and self.columns == columns
 
 
 class IoRows:
@@ -64,28 +69,27 @@ class IoRows:
         addrs = owned_addresses(arrays)
         if addrs is not None:  # each its own base
             sizes = array("Q", map(_NBYTES, arrays))
-            numbers = array("Q", bytes(8 * NUMBERS * len(arrays)))
-            numbers[0::NUMBERS], numbers[1::NUMBERS] = addrs, sizes
-            numbers[2::NUMBERS], numbers[3::NUMBERS] = addrs, sizes
+            columns = (addrs, sizes, addrs, sizes)
         else:
-            numbers, positions = self._read_each(arrays, addresses)
+            positions, columns = self._read_each(arrays, addresses)
         last = self._last
-        if last is not None and last.layout is layout and last.positions == positions \
-                and last.numbers == numbers:
+        if last is not None and last.same_rows(layout, positions, columns):
             return last
-        self._last = IoBlock(layout, numbers, positions)
+        self._last = IoBlock(layout, positions, columns)
         return self._last
 
     @staticmethod
-    def _read_each(arrays: tuple, addresses: KnownAddresses) -> tuple[array, tuple | None]:
-        """The numbers of each array that holds bytes (a view's base found under it),
-        and the positions that do (None: all of them)."""
-        numbers, held = array("Q"), []
+    def _read_each(arrays: tuple, addresses: KnownAddresses) -> tuple[tuple | None, tuple[array, ...]]:
+        """The positions of the arrays that hold bytes (None: all of them) and their
+        columns, each array read on its own (a view's base found under it)."""
+        columns: tuple[array, ...] = tuple(array("Q") for _ in range(NUMBERS))
+        held = []
         for i, arr in enumerate(arrays):
             if hasattr(arr, "nbytes"):
-                numbers.extend(addresses.where(arr))
+                for column, number in zip(columns, addresses.where(arr)):
+                    column.append(number)
                 held.append(i)
-        return numbers, None if len(held) == len(arrays) else tuple(held)
+        return None if len(held) == len(arrays) else tuple(held), columns
 
 
 def io_layout(feeds: dict[int, Any], bound: dict[int, Any], outputs: tuple[int, ...]) -> tuple:
