@@ -59,7 +59,6 @@ class Executor(DecodeMemoSteps):
         self.graph = graph
         self.backend = backend
         self._host_clock = getattr(backend, "host_clock", None)  # see `Backend.host_clock`
-        self._node_log: list | None = None  # the Recording's node log while a traced step runs
         self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
@@ -234,7 +233,9 @@ class Executor(DecodeMemoSteps):
         bound = bound_outputs or {}
         self.addresses.next_step()
         rec = self.recording
-        self._node_log = rec.node_log() if rec is not None else None  # eager nodes' rows: `_dispatch_node`
+        # a traced step's eager nodes log their rows onto the Recording's node log,
+        # timed by the host clock where the backend has one (`_dispatch_node`)
+        node_log, clock = (rec.node_log(), self._host_clock) if rec is not None else (None, None)
         t_start = time.perf_counter()
         action = reason = ""
         if self.jit_only:
@@ -278,7 +279,7 @@ class Executor(DecodeMemoSteps):
                 if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
                     reinstated.append(k)
                     continue
-                self._dispatch_node(d, env, bindings, rec, released, pinned, graph)
+                self._dispatch_node(d, env, bindings, rec, released, pinned, graph, node_log, clock)
 
         if self.jit_only:
             run_nodes(range(len(dispatch)))
@@ -366,7 +367,11 @@ class Executor(DecodeMemoSteps):
         return found
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
-                       released: dict[int, int], pinned: set[int], graph: Any = None) -> None:
+                       released: dict[int, int], pinned: set[int], graph: Any = None,
+                       node_log: list | None = None, clock: Any = None) -> None:
+        """Run one node. While traced, its row goes onto `node_log` (the Recording's),
+        timed by `clock` (the host's, or None: the backend's timers): both read once a
+        step by `run`, not once a node."""
         p = d.p
         ins = [env[i] if i >= 0 else None for i in p.inputs]
         if d.skippable and not self.jit_only and self.skip_unchanged_if \
@@ -392,8 +397,7 @@ class Executor(DecodeMemoSteps):
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         # device time, not launch time: the backend's timer waits for the node's kernels
-        if rec is not None:
-            clock = self._host_clock
+        if node_log is not None:
             t0 = clock() if clock is not None else self.backend.start_timer()
         try:
             res = p.fn(ins, outs)
@@ -406,8 +410,8 @@ class Executor(DecodeMemoSteps):
             if graph is not None:  # no retry while recording: a retry's launches would not be replayed
                 raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
-        if rec is not None:  # onto the Recording's node log: no call into it between kernels
-            self._node_log.extend((p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0)))
+        if node_log is not None:  # onto the Recording's node log: no call into it between kernels
+            node_log += (p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0))
         materialized = None  # while recording: (slot, array) of outputs created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:
