@@ -105,7 +105,7 @@ class Executor(DecodeMemoSteps):
         self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
         #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
         self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
-        #: the last io_buffers rows, per position, and what they were read from; the
+        #: the last step's io_buffers block (handed again while its numbers hold); the
         #: (value, role) positions per set of feeds and bound outputs
         self._io_rows = IoRows()
         self._io_layouts: dict[tuple, tuple] = {}

@@ -18,7 +18,10 @@ was last step has its last nbytes (an array cannot change size while referenced)
 comparing references is all a replayed step costs, and it reads no array's size.
 The sizes are kept as one block of machine integers, copied and compared whole: a
 decode step streams its weights through the caches, and a list's int objects, each
-wherever it lies, would be fetched from memory one by one every step.
+wherever it lies, would be fetched from memory one by one every step. While the same
+captured graphs replay step after step, only the values they do not restore can
+change: the rows are rebased once on every other size, and each step's patch names
+just those values (`_replay_patch`).
 """
 
 from __future__ import annotations

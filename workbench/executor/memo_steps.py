@@ -375,7 +375,8 @@ class DecodeMemoSteps:
         memo = self.state.memo
         summary = self._memo_summary
         if summary is None or summary[0] is not memo or (memo is not None and summary[1] is not memo.varying):
-            # the memo's own fields, worked out once per memo (a new memo is a new object)
+            # the memo's own fields, worked out once per memo (a new memo is a new object;
+            # the check on `varying` catches that set replaced on the same memo)
             summary = self._memo_summary = (
                 memo, memo.varying if memo is not None else None,
                 sorted(memo.varying) if memo is not None else [],
