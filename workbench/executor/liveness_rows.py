@@ -44,6 +44,20 @@ def _sizes(nbytes) -> array.array:
     return array.array("q", nbytes)
 
 
+def _with_changes(sizes: array.array, objects: tuple, last: tuple, at: Any) -> array.array:
+    """`sizes` with `at[k]` set to `objects[k]`'s nbytes wherever that is not `last[k]`
+    (the very object of the last step keeps its size): a copy made at the first change,
+    else `sizes` itself. A plain loop: at the end of a step, after the kernels streamed
+    the weights, fewer cold code paths than map and compress."""
+    copied = False
+    for k, obj in enumerate(objects):
+        if obj is not last[k]:
+            if not copied:
+                sizes, copied = sizes[:], True
+            sizes[at[k]] = obj.nbytes
+    return sizes
+
+
 class LivenessRows:
     """A slot's last liveness rows and what they were made from."""
 
@@ -189,13 +203,8 @@ class LivenessRows:
                 nbytes = nbytes[:]
                 for i, obj in zip(moving_at, objects):
                     nbytes[i] = obj.nbytes
-            else:  # a plain loop: after the step's kernels, fewer cold code paths than map/compress
-                copied = False
-                for k, obj in enumerate(objects):
-                    if obj is not last[k]:
-                        if not copied:
-                            nbytes, copied = nbytes[:], True
-                        nbytes[moving_at[k]] = obj.nbytes
+            else:
+                nbytes = _with_changes(nbytes, objects, last, moving_at)
         except AttributeError:
             return None
         self.objects, self._watching = objects, watch
@@ -212,17 +221,11 @@ class LivenessRows:
             sparse = self._enter_sparse()
         watch, positions, sizes = sparse
         objects = watch[0](env)
-        last = self.objects
-        copied = False
-        for k, obj in enumerate(objects):
-            if obj is not last[k]:
-                if not copied:
-                    sizes, copied = sizes[:], True
-                sizes[k] = obj.nbytes
+        now = _with_changes(sizes, objects, self.objects, range(len(objects)))
         self.objects = objects
-        if copied:
-            self._sparse = (watch, positions, sizes)
-            self.patch = (positions, sizes)
+        if now is not sizes:
+            self._sparse = (watch, positions, now)
+            self.patch = (positions, now)
             self._nbytes_stale = True
         return self.patch
 

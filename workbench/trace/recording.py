@@ -262,7 +262,12 @@ class Recording:
         traced step adds a dozen entries to it instead of a thousand."""
         if n < _SHORT_RUN:
             self._event_codes.extend((code,) * n)
-            return
+        else:
+            self._push_run(code, n)
+
+    def _push_run(self, code: int, n: int | tuple) -> None:
+        """A CODE_RUN into the event order, standing for `n` events of `code` (or for
+        the rows of a node-log block)."""
         if not self._runs:
             self._runs_from = len(self._event_codes)
         self._runs += (code, n)
@@ -414,10 +419,7 @@ class Recording:
         log.clear()
         self._ne.extend((self._step, _FlatRows(block, 3), None, None))
         self._spans += 1
-        if not self._runs:
-            self._runs_from = len(self._event_codes)
-        self._runs += (CODE_NODE, block)
-        self._event_codes.append(CODE_RUN)
+        self._push_run(CODE_NODE, block)
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
         """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
