@@ -103,9 +103,11 @@ def _model(path=None):
 
 @needs_huge_pages
 @pytest.mark.parametrize("external", [False, True])
-def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external):
+@pytest.mark.parametrize("wide", ["column-major", "row-major"])
+def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external, wide):
+    """Row-major, the wide weight is the file's, copied in; column-major, relaid there."""
     source, model = _model(tmp_path / "m.onnx" if external else None)
-    session = workbench.InferenceSession(source, SessionOptions(decode_memo_verify=False))
+    session = workbench.InferenceSession(source, SessionOptions(decode_memo_verify=False, wide_weight_layout=wide))
     moved = session.recording.rewrites().query("rule == 'huge_pages'")
     by_name = session.graph.by_name
     names = set(moved.result)
@@ -116,7 +118,8 @@ def test_weights_in_huge_pages_compute_what_onnxruntime_does(tmp_path, external)
     for name in names:
         weight = session.graph.initializers[by_name[name]]
         assert anon_huge_kib(weight) >= 2048, f"{name} is not in huge pages"
-    assert session.graph.initializers[by_name["w_wide"]].flags.c_contiguous
+    order = "c_contiguous" if wide == "row-major" else "f_contiguous"
+    assert getattr(session.graph.initializers[by_name["w_wide"]].flags, order)
     assert session.graph.initializers[by_name["w_tall"]].flags.f_contiguous
     runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(8),
                               names="hzs")

@@ -1,6 +1,7 @@
 """Rule `matvec_threads` (level "all"): weights just under OpenBLAS's threading threshold
 padded with zero columns, Slices (and a Concat) taking the real ones back; and the layout level "all"
-gives MatMul weights on such a machine (column-major, but wide weights row-major). They
+gives MatMul weights on such a machine (column-major; wide weights row-major where the
+`wide_weight_layout` setting asks). They
 change how a product is computed (on both cores, in another order), never its value:
 checked against onnxruntime run after run on one input buffer, and by a token-exact
 decode of a SmolLM2-shaped llama."""
@@ -108,8 +109,8 @@ def test_padded_weights_compute_what_onnxruntime_does(threads, rows):
     w_o = numpy_helper.to_array(model.graph.initializer[0])
     assert np.array_equal(wide[:, :288], w_o[:, :288]) and np.array_equal(wide[:, 400:688], w_o[:, 288:])
     assert not wide[:, 288:400].any() and not wide[:, 688:].any()
-    assert session.graph.initializers[session.graph.by_name["w_big"]].flags.c_contiguous, \
-        "576x960 is wide: OpenBLAS reads it faster as the file has it"
+    assert session.graph.initializers[session.graph.by_name["w_big"]].flags.f_contiguous, \
+        "576x960 is wide: column-major, as every weight, unless the setting says row-major"
     runs = runs_on_one_buffer(session, ort_session(model), (1, rows, 576), RUNS, np.random.default_rng(9),
                               names=("a", "b_sq", "c_sum"))
     for run, name, g, w in runs:
@@ -124,7 +125,8 @@ def test_smollm2_shaped_llama_decodes_token_exact_with_padded_projections(thread
                          num_layers=2, vocab=512)
     peer = ort_session(model)
     want = Generator(peer).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv="fixed").tokens
-    for options in (SessionOptions(), SessionOptions(capture=False, decode_memo=False)):
+    for options in (SessionOptions(), SessionOptions(capture=False, decode_memo=False),
+                    SessionOptions(wide_weight_layout="row-major")):
         session = workbench.InferenceSession(model.SerializeToString(), options)
         rewrites = session.recording.rewrites()
         padded = {n for nodes in rewrites.query("rule == 'matvec_threads'").original_nodes for n in nodes}
@@ -146,11 +148,20 @@ def test_the_cuda_backend_keeps_its_weights_unpadded(threads):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
 
 
-def test_which_weights_openblas_reads_faster_row_major():
-    assert matvec_threads.keeps_row_major(576, 960) and matvec_threads.keeps_row_major(576, 49152)
-    assert not matvec_threads.keeps_row_major(576, 801), "about square: column-major"
-    assert not matvec_threads.keeps_row_major(1536, 576), "tall: column-major is faster"
-    assert not matvec_threads.keeps_row_major(64, 256), "in cache and single-threaded: no rule"
+def test_which_weights_are_wide():
+    assert matvec_threads.is_wide(576, 960) and matvec_threads.is_wide(576, 49152)
+    assert not matvec_threads.is_wide(576, 801), "about square"
+    assert not matvec_threads.is_wide(1536, 576), "tall"
+    assert not matvec_threads.is_wide(64, 256), "in cache and single-threaded: no rule"
+
+
+def test_the_wide_weight_layout_setting_is_checked_and_read_from_the_environment(monkeypatch):
+    assert SessionOptions().wide_weight_layout == "column-major"
+    monkeypatch.setenv("WORKBENCH_WIDE_WEIGHT_LAYOUT", "Row-Major")
+    assert SessionOptions().wide_weight_layout == "row-major"
+    assert SessionOptions(wide_weight_layout="column-major").wide_weight_layout == "column-major"
+    with pytest.raises(ValueError, match="wide_weight_layout must be one of"):
+        SessionOptions(wide_weight_layout="auto")
 
 
 def _siblings_model():
@@ -174,15 +185,19 @@ def _siblings_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_wide_weights_stay_row_major_and_compute_what_onnxruntime_does(threads):
+@pytest.mark.parametrize("setting, order", [("column-major", "f_contiguous"), ("row-major", "c_contiguous")])
+def test_wide_weights_in_either_order_compute_what_onnxruntime_does(threads, setting, order):
+    """The fused wide weight is written once, in the order the setting gives wide weights
+    (the tall one is column-major either way), and both compute onnxruntime's values
+    run after run on one input buffer."""
     model = _siblings_model()
-    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False, wide_weight_layout=setting))
     rewrites = session.recording.rewrites()
     fused = rewrites.query("rule == 'matmul_siblings'")
     assert len(fused) == 1
     weights = {session.graph.values[v].name: a for v, a in session.graph.initializers.items() if a.ndim == 2}
     (fused_name, fused_weight), = ((n, a) for n, a in weights.items() if a.shape == (576, 2000))
-    assert fused_weight.flags.c_contiguous, f"{fused_name}: wide, written row-major once"
+    assert getattr(fused_weight.flags, order), f"{fused_name}: wide, written {setting} once"
     assert weights["w_tall"].flags.f_contiguous
     assert rewrites.query("rule == 'matvec_layout'").result.tolist() == ["w_tall"]
     runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(12),

@@ -44,25 +44,23 @@ import numpy as np
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, matmul_weights
 from .huge_pages import new_weight, zero_tail_array
+from .wide_layout import wide_weights_row_major
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
 SINGLE_THREAD_BELOW = 460_800
 #: the most a padded weight may grow (bytes streamed per product, for twice the bandwidth)
 MAX_GROWTH = 1.6
 _PAGE = 4096
-#: a multithreaded product with at least this many times as many columns as rows reads
-#: its weight faster row-major, as the file has it, than column-major (see `keeps_row_major`)
+#: a weight with at least this many times as many columns as rows is "wide": the order it
+#: is read fastest in depends on the machine (`wide_layout`)
 WIDE = 1.5
 
 
-def keeps_row_major(rows: int, cols: int) -> bool:
-    """Whether OpenBLAS's multithreaded sgemv reads a rows x cols weight faster row-major
-    than column-major (`optimize`'s rule `matvec_layout` relays every other MatMul weight
-    column-major). Measured on this project's 2-core machine, weights out of cache, one
-    token: with 576 rows, row-major takes 0.90-0.96 of the time at 2 to 5.3 times as many
-    columns (576x3072, SmolLM2's gate/up projection, 0.85; its 576x49152 lm_head 0.92),
-    about the same at 1.4-1.7; with 1024 and 2048 rows the two are within 4% throughout.
-    Tall weights go the other way: 1536x576 column-major takes 0.81 of the time."""
+def is_wide(rows: int, cols: int) -> bool:
+    """Whether a rows x cols MatMul weight is wide: over OpenBLAS's threading threshold,
+    with at least `WIDE` times as many columns as rows. Level "all" stores every weight
+    column-major unless `wide_weight_layout` keeps the wide ones row-major, which one of
+    this project's machines read faster and another slower (`wide_layout`)."""
     return rows * cols >= SINGLE_THREAD_BELOW and cols >= WIDE * rows
 
 
@@ -82,9 +80,11 @@ def openblas_threads_available() -> bool:
 
 
 def matvec_order(rows: int, cols: int, backend: str = "cpu") -> str:
-    """The memory order level "all" gives a rows x cols MatMul weight: "C" where a
-    multithreaded OpenBLAS reads it faster so, else "F" (rule `matvec_layout`)."""
-    return "C" if backend == "cpu" and keeps_row_major(rows, cols) and openblas_threads_available() else "F"
+    """The memory order level "all" gives a rows x cols MatMul weight (rule
+    `matvec_layout`): "C" for a wide weight on a multithreaded OpenBLAS where the
+    setting keeps them row-major (`wide_layout`), else "F"."""
+    return "C" if backend == "cpu" and is_wide(rows, cols) and openblas_threads_available() \
+        and wide_weights_row_major() else "F"
 
 
 def padded_width(rows: int, cols: int) -> int | None:

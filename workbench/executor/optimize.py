@@ -10,8 +10,8 @@ file and why:
 - ``dead_node``: a node none of whose outputs is read (after folding, or in the file).
 - ``unused_initializer``: weights nothing reads any more, released.
 - ``matvec_layout`` (level ``all``): weights only MatMul reads as B stored column-major,
-  the layout one-token matrix-vector products read fastest (on the CPU, but for wide
-  ones OpenBLAS reads faster as they are: `matvec_threads.keeps_row_major`).
+  the layout one-token matrix-vector products read fastest (on the CPU, a wide one
+  may be kept row-major, which some machines' OpenBLAS reads faster: `wide_layout`).
 - ``matvec_threads`` (level ``all``, `matvec_threads.py`): a weight just under OpenBLAS's
   threading threshold padded with zero columns past it, a Slice taking the real ones.
 - ``nbits_dequantized`` (level ``all``, `nbits_dequantized.py`): a MatMulNBits over
@@ -46,6 +46,7 @@ from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
+from .wide_layout import wide_weight_layout
 
 LEVELS = GRAPH_OPTIMIZATION_LEVELS
 __all__ = ["LEVELS", "Rewrite", "check_level", "optimize", "rewrite_rows"]
@@ -65,13 +66,14 @@ def check_level(level: str) -> str:
     return text
 
 
-def optimize(graph: Graph, level: str, *, release: bool = False,
-             backend: str = "cpu") -> tuple[Graph, list[Rewrite]]:
+def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = "cpu",
+             wide_weights: str = "column-major") -> tuple[Graph, list[Rewrite]]:
     """The rewritten graph and what was rewritten. The input graph is not changed,
     except that with `release` its references to weights the rewrite replaced are
     dropped as it goes (so a relaid weight's original can be freed at once, and load
     never holds two copies of the model). `backend` names the backend that will run it
-    (rules tuned to the CPU's BLAS make only for "cpu")."""
+    (rules tuned to the CPU's BLAS make only for "cpu"); `wide_weights` the order of a
+    wide MatMul weight at level "all" (`wide_layout`)."""
     if check_level(level) == "disabled":
         return graph, []
     out = copy_graph(graph)
@@ -81,7 +83,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False,
     rewrites += _drop_unused_initializers(out, released)
     # the weights level "all" writes for numpy's BLAS go straight into huge pages
     arena = WeightArena() if level == "all" and backend == "cpu" and huge_pages_available() else None
-    with placing_weights(arena):
+    with placing_weights(arena), wide_weight_layout(wide_weights):
         if level == "all":  # before the MatMul rules, which then take these products too
             rewrites += dequantize_nbits_weights(out)
             rewrites += _drop_unused_initializers(out, released)  # the packed weights they read
@@ -165,8 +167,8 @@ def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> 
     about 1.5x), a one-time cost per prompt. The summation order changes with the
     layout, so results move within float rounding (level "all" only); a model gives the
     same bits whether its weights are embedded or in external data (both are relaid).
-    On the cpu backend with a multithreaded OpenBLAS a wide weight stays row-major, which
-    that sgemv reads faster (`keeps_row_major`)."""
+    On the cpu backend with a multithreaded OpenBLAS a wide weight stays row-major where
+    the setting asks for it (`wide_layout`)."""
     rewrites = []
     for vid, uses in matmul_weights(graph):
         array = graph.initializers[vid]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .wide_layout import check_setting
+
 _FALSE = {"0", "false", "off", "no", ""}
 
 
@@ -53,6 +55,11 @@ class SessionOptions:
     #: "extended", "all" (WORKBENCH_GRAPH_OPTIMIZATION); see `executor.optimize`
     graph_optimization_level: str = field(
         default_factory=lambda: os.environ.get("WORKBENCH_GRAPH_OPTIMIZATION", "all"))
+    #: the memory order level "all" gives a wide MatMul weight on a multithreaded
+    #: OpenBLAS: "column-major", as every other, or "row-major", which some machines
+    #: read faster (WORKBENCH_WIDE_WEIGHT_LAYOUT); see `executor.wide_layout`
+    wide_weight_layout: str = field(
+        default_factory=lambda: os.environ.get("WORKBENCH_WIDE_WEIGHT_LAYOUT", "column-major"))
     #: Stage 2 of the memo, the cached view plan: a replay reinstates validated views
     #: instead of dispatching their layout nodes (WORKBENCH_VIEW_PLAN; needs decode_memo
     #: and views)
@@ -73,6 +80,7 @@ class SessionOptions:
             raise ValueError(f"graph_optimization_level must be one of {GRAPH_OPTIMIZATION_LEVELS}, "
                              f"got {self.graph_optimization_level!r}")
         self.graph_optimization_level = level
+        self.wide_weight_layout = check_setting(self.wide_weight_layout)
         if not 0.0 <= float(self.shadow_fraction) <= 1.0:
             raise ValueError(f"shadow_fraction must be within 0..1, got {self.shadow_fraction!r}")
 

@@ -49,7 +49,8 @@ class InferenceSession:
         self.loaded_graph, self.model_proto = load_graph(model)
         #: the graph that runs: `loaded_graph` after `options.graph_optimization_level`
         self.graph, self.rewrites = optimize(self.loaded_graph, self.options.graph_optimization_level,
-                                             release=True, backend=self.backend.name)
+                                             release=True, backend=self.backend.name,
+                                             wide_weights=self.options.wide_weight_layout)
         if self.graph is not self.loaded_graph:
             # the loaded graph stays for its structure (what the rewrites replaced); its
             # weights would only hold memory the rewritten ones have taken over
