@@ -11,9 +11,11 @@ lm_head 576x49152) against onnxruntime in the same run, tokens the same either w
   fixed KV 1.275 -> 1.227 of onnxruntime's time a token, growing 1.41 -> 1.35 (in
   isolation, 576-row wide weights read row-major in 0.85-0.96 of the column-major time);
 - another AMD EPYC VM (AVX-512, 40-60 GB/s), with the weights in huge pages or not:
-  column-major was faster, fixed KV 1.12-1.15 -> 1.02-1.04 in three runs, growing
-  1.12 -> 1.06; per product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us,
-  lm_head 2.56 -> 2.40 ms.
+  column-major was faster. `benchmarks/wide_layout.py` with three sessions a setting
+  (where a session's weights land moves its decode by 5-8% alone): fixed KV 1.166 ->
+  1.043, growing 1.291 -> 1.130, every session's median apart but one pair; per
+  product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us, lm_head 2.56 ->
+  2.40 ms.
 
 A probe at load was tried and dropped: on the second machine, timing both orders over
 the same bytes out of cache (with or without small kernels between the products, 21
