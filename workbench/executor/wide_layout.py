@@ -7,22 +7,24 @@ threading threshold: `matvec_threads.is_wide`) have gone both ways on this proje
 2-core machines, in whole decodes of SmolLM2 (fused Q/K/V 576x960, gate/up 576x3072,
 lm_head 576x49152) against onnxruntime in the same run, tokens the same either way:
 
-- one AMD EPYC VM (numpy streaming weights at about 20 GB/s): row-major was faster,
-  fixed KV 1.275 -> 1.227 of onnxruntime's time a token, growing 1.41 -> 1.35 (in
-  isolation, 576-row wide weights read row-major in 0.85-0.96 of the column-major time);
-- another AMD EPYC VM (AVX-512, 40-60 GB/s), with the weights in huge pages or not:
-  column-major was faster. `benchmarks/wide_layout.py` with three sessions a setting
-  (where a session's weights land moves its decode by 5-8% alone): fixed KV 1.166 ->
-  1.043, growing 1.291 -> 1.130, every session's median apart but one pair; per
-  product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us, lm_head 2.56 ->
-  2.40 ms.
+- an AMD EPYC VM of earlier sessions (numpy streaming weights at about 20 GB/s):
+  row-major was faster, fixed KV 1.275 -> 1.227 of onnxruntime's time a token,
+  growing 1.41 -> 1.35 (in isolation, 576-row wide weights read row-major in
+  0.85-0.96 of the column-major time);
+- another AMD EPYC VM (AVX-512, 40-60 GB/s), weights in huge pages or not:
+  column-major was faster. `benchmarks/wide_layout.py`, three sessions a setting
+  (where a session's weights land moves its decode by several percent alone), six
+  rounds: fixed KV 1.166 -> 1.043, growing 1.291 -> 1.130; the sessions' own medians
+  overlap only at the fixed row's ends (row-major's best 1.029, column-major's worst
+  1.076). Per product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us,
+  lm_head 2.56 -> 2.40 ms.
 
 A probe at load was tried and dropped: on the second machine, timing both orders over
 the same bytes out of cache (with or without small kernels between the products, 21
 paired rounds, six times) read them about even (row/column 0.96-1.02), while its
-decodes see column-major 7% faster; what decides is how sgemv's two threads meet
-memory inside a decode step, which a probe outside one does not show. So
-the default is the one layout every MatMul weight gets, column-major, and
+decodes ran column-major 10-14% faster; what decides is how sgemv's two threads meet
+memory inside a decode step, which a probe outside one does not show. So the default
+is the layout every other MatMul weight gets, column-major, and
 `wide_weight_layout="row-major"` (WORKBENCH_WIDE_WEIGHT_LAYOUT=row-major) keeps wide
 weights as the file has them; `benchmarks/wide_layout.py` decodes with both on a
 machine. The order changes how a product sums, not what: values move within float
