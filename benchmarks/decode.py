@@ -49,6 +49,8 @@ def main() -> None:
           f"{args.repeats} decode pairs each; ratio: median of the pairs' ratios [lowest, highest]")
     print(f"weight streaming now: {streaming_rate():.1f} GB/s (numpy matrix-vector products over 226 MB of "
           "float32 weights: this machine's share of memory bandwidth, which sets every row's ms/tok)")
+    print(f"wide MatMul weights {SessionOptions().wide_weight_layout} (wide_weight_layout; "
+          "benchmarks/wide_layout.py decodes SmolLM2 with both orders)")
     print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'range':>14}{'tokens':>8}")
     for label, data, level, kv in _models(args):
         ours = workbench.InferenceSession(data, SessionOptions(graph_optimization_level=level))
