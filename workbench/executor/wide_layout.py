@@ -14,9 +14,9 @@ lm_head 576x49152) against onnxruntime in the same run, tokens the same either w
 - another AMD EPYC VM (AVX-512, 40-60 GB/s), weights in huge pages or not:
   column-major was faster. `benchmarks/wide_layout.py`, three sessions a setting
   (where a session's weights land moves its decode by several percent alone), six
-  rounds: fixed KV 1.166 -> 1.043, growing 1.291 -> 1.130; the sessions' own medians
-  overlap only at the fixed row's ends (row-major's best 1.029, column-major's worst
-  1.076). Per product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us,
+  rounds: fixed KV 1.166 -> 1.043, growing 1.291 -> 1.130 (a second run: 1.114 ->
+  1.007, 1.311 -> 1.077); the sessions' own medians overlapped only once, at the first
+  run's fixed row (row-major's best 1.029, column-major's worst 1.076). Per product, capture off: gate/up 165 -> 154 us, Q/K/V 57 -> 50 us,
   lm_head 2.56 -> 2.40 ms.
 
 A probe at load was tried and dropped: on the second machine, timing both orders over
