@@ -109,7 +109,7 @@ class Executor(DecodeMemoSteps):
         #: (value, role) positions per set of feeds and bound outputs
         self._io_rows = IoRows()
         self._io_layouts: dict[tuple, tuple] = {}
-        #: (memo, its varying set, the memo row's fields of it) for `_emit_memo_row`
+        #: (memo, its varying set, the memo row's fields of them) for `_emit_memo_row`
         self._memo_summary: tuple | None = None
 
     def _enter_slot(self, slot: str) -> None:

@@ -373,14 +373,13 @@ class DecodeMemoSteps:
     def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
                        resolve_s: float, elided: int, views_reused: int) -> None:
         memo = self.state.memo
+        varying = memo.varying if memo is not None else None
         summary = self._memo_summary
-        if summary is None or summary[0] is not memo or (memo is not None and summary[1] is not memo.varying):
+        if summary is None or summary[0] is not memo or summary[1] is not varying:
             # the memo's own fields, worked out once per memo (a new memo is a new object;
             # the check on `varying` catches that set replaced on the same memo)
-            summary = self._memo_summary = (
-                memo, memo.varying if memo is not None else None,
-                sorted(memo.varying) if memo is not None else [],
-                len(memo.invariant) if memo is not None else 0, len(memo.variant) if memo is not None else 0)
+            fields = ([], 0, 0) if memo is None else (sorted(varying), len(memo.invariant), len(memo.variant))
+            summary = self._memo_summary = (memo, varying, fields)
         rec.add_flat_rows("memo", MEMO_COLUMNS, (
-            slot, phase, action, reason, summary[2], summary[3], summary[4], resolve_s * 1e3,
+            slot, phase, action, reason, *summary[2], resolve_s * 1e3,
             self.memo_state(), views_reused, elided, self.state.stage2_streak))

@@ -46,7 +46,7 @@ from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
-from .wide_layout import wide_weight_layout
+from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, wide_weight_layout
 
 LEVELS = GRAPH_OPTIMIZATION_LEVELS
 __all__ = ["LEVELS", "Rewrite", "check_level", "optimize", "rewrite_rows"]
@@ -67,7 +67,7 @@ def check_level(level: str) -> str:
 
 
 def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = "cpu",
-             wide_weights: str = "column-major") -> tuple[Graph, list[Rewrite]]:
+             wide_weights: str = DEFAULT_WIDE_WEIGHT_LAYOUT) -> tuple[Graph, list[Rewrite]]:
     """The rewritten graph and what was rewritten. The input graph is not changed,
     except that with `release` its references to weights the rewrite replaced are
     dropped as it goes (so a relaid weight's original can be freed at once, and load

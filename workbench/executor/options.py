@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .wide_layout import check_setting
+from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, check_setting
 
 _FALSE = {"0", "false", "off", "no", ""}
 
@@ -59,7 +59,7 @@ class SessionOptions:
     #: OpenBLAS: "column-major", as every other, or "row-major", which some machines
     #: read faster (WORKBENCH_WIDE_WEIGHT_LAYOUT); see `executor.wide_layout`
     wide_weight_layout: str = field(
-        default_factory=lambda: os.environ.get("WORKBENCH_WIDE_WEIGHT_LAYOUT", "column-major"))
+        default_factory=lambda: os.environ.get("WORKBENCH_WIDE_WEIGHT_LAYOUT", DEFAULT_WIDE_WEIGHT_LAYOUT))
     #: Stage 2 of the memo, the cached view plan: a replay reinstates validated views
     #: instead of dispatching their layout nodes (WORKBENCH_VIEW_PLAN; needs decode_memo
     #: and views)

@@ -37,10 +37,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-#: the settings of `SessionOptions.wide_weight_layout`
+#: the settings of `SessionOptions.wide_weight_layout`, the default first
 WIDE_WEIGHT_LAYOUTS = ("column-major", "row-major")
+DEFAULT_WIDE_WEIGHT_LAYOUT = WIDE_WEIGHT_LAYOUTS[0]
 
-_SETTING: ContextVar[str] = ContextVar("workbench_wide_weight_layout", default="column-major")
+_SETTING: ContextVar[str] = ContextVar("workbench_wide_weight_layout", default=DEFAULT_WIDE_WEIGHT_LAYOUT)
 
 
 def check_setting(setting: str) -> str:
