@@ -17,6 +17,14 @@ brackets), since a noisy machine slows a whole pair alike far more often than it
 slows one decode of it. The ms/tok columns are the medians of all decode steps.
 The first and last lines give the rate numpy streams weights at just then: on these
 shared machines it has been seen between 7 and 50 GB/s, and every row scales with it.
+
+"products" is the floor under workbench's step: its plan's weight products (MatMul
+over a 2-D weight, in the layout the load-time optimizer gave it), one row each, back
+to back with nothing in between; "floor" is that over onnxruntime's step. A row whose
+ratio sits near its floor is bound by the bytes its weights stream, not by the
+executor: the int4 row, whose 4-bit weights numpy can only multiply as dequantized
+float32 (8x the bytes onnxruntime reads). "-" where the products are not in the top
+plan (optimum's merged decoder runs its graph inside an If).
 """
 
 from __future__ import annotations
@@ -51,7 +59,8 @@ def main() -> None:
           "float32 weights: this machine's share of memory bandwidth, which sets every row's ms/tok)")
     print(f"wide MatMul weights {SessionOptions().wide_weight_layout} (wide_weight_layout; "
           "benchmarks/wide_layout.py decodes SmolLM2 with both orders)")
-    print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'range':>14}{'tokens':>8}")
+    print(f"{'model':<22}{'kv':<9}{'workbench ms/tok':>18}{'onnxruntime ms/tok':>20}{'ratio':>8}{'range':>14}"
+          f"{'tokens':>8}{'products ms':>13}{'floor':>7}")
     for label, data, level, kv in _models(args):
         ours = workbench.InferenceSession(data, SessionOptions(graph_optimization_level=level))
         peer = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -71,8 +80,10 @@ def main() -> None:
         a, b = statistics.median(steps["ours"]), statistics.median(steps["peer"])
         same = "same" if tokens["ours"] == tokens["peer"] else "DIFFER"
         spread = f"[{min(ratios):.2f}, {max(ratios):.2f}]"
+        floor = products_alone(ours)
+        floor_cells = f"{floor * 1e3:>13.2f}{floor / b:>7.2f}" if floor else f"{'-':>13}{'-':>7}"
         print(f"{label:<22}{mode:<9}{a * 1e3:>18.2f}{b * 1e3:>20.2f}{statistics.median(ratios):>8.2f}"
-              f"{spread:>14}{same:>8}")
+              f"{spread:>14}{same:>8}{floor_cells}")
     print(f"weight streaming at the end: {streaming_rate():.1f} GB/s")
 
 
@@ -91,6 +102,25 @@ def streaming_rate(count: int = 64) -> float:
             np.matmul(x, w)
         best = min(best, time.perf_counter() - t)
     return sum(w.nbytes for w in weights) / best / 1e9
+
+
+def products_alone(session: workbench.InferenceSession, rounds: int = 9) -> float | None:
+    """Median seconds of the plan's weight products (MatMul over a 2-D initializer) run
+    one row each, back to back, on the weights as loaded; None where there are none."""
+    executor = session.executor
+    weights = [executor.env[p.inputs[1]] for p in executor.plan.nodes
+               if p.node.op_type == "MatMul" and len(p.inputs) == 2 and p.inputs[1] in executor.graph.initializers
+               and getattr(executor.env[p.inputs[1]], "ndim", 0) == 2]
+    if not weights:
+        return None
+    calls = [(np.ones((1, w.shape[0]), w.dtype), w, np.empty((1, w.shape[1]), w.dtype)) for w in weights]
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for x, w, out in calls:
+            np.matmul(x, w, out=out)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def _models(args):
