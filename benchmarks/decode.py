@@ -21,11 +21,11 @@ shared machines it has been seen between 7 and 50 GB/s, and every row scales wit
 "products" is the floor under workbench's step: its plan's weight products (MatMul
 over a 2-D weight, in the layout the load-time optimizer gave it), one row each, back
 to back with nothing in between, the fastest of 9 passes; "floor" is that over
-onnxruntime's median step. A row whose
-ratio sits near its floor is bound by the bytes its weights stream, not by the
-executor: the int4 row, whose 4-bit weights numpy can only multiply as dequantized
-float32 (8x the bytes onnxruntime reads). "-" where the products are not in the top
-plan (optimum's merged decoder runs its graph inside an If).
+onnxruntime's median step. A row whose ratio sits near its floor is bound by the bytes
+its weights stream, not by the executor: the int4 row, whose 4-bit weights numpy can
+only multiply as dequantized float32 (8x the bytes onnxruntime reads). "-" where the
+products are not in the top plan (optimum's merged decoder runs its graph inside an
+If).
 """
 
 from __future__ import annotations
