@@ -114,6 +114,34 @@ def test_genai_tied_embeddings_fold_and_decode_token_exact():
         assert a.tokens == b.tokens
 
 
+def test_tied_embeddings_saved_from_an_external_data_file_decode_token_exact(tmp_path):
+    """`save_tied_embeddings` (benchmarks' SmolLM2 tied row): read with its external
+    data, tied, written with external data again; both runtimes decode it alike."""
+    import onnx
+
+    from workbench import Generator, models
+    from workbench.models.exports import save_tied_embeddings
+
+    source = tmp_path / "source"
+    source.mkdir()
+    onnx.save_model(models.llama("tiny", flavor="genai"), str(source / "model.onnx"), save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=0)
+    (tmp_path / "tied").mkdir()
+    path = save_tied_embeddings(source / "model.onnx", tmp_path / "tied")
+    assert path == tmp_path / "tied" / "model.onnx" and (tmp_path / "tied" / "model.onnx.data").is_file()
+    saved = onnx.load(str(path), load_external_data=False)
+    assert "model.embed_tokens.weight" not in {t.name for t in saved.graph.initializer}
+    weights = {t.name: t for t in saved.graph.initializer}
+    assert weights["lm_head.MatMul.weight"].data_location == onnx.TensorProto.EXTERNAL
+    session = workbench.InferenceSession(str(path))
+    assert "constant_folding" in set(session.recording.rewrites().rule)
+    peer = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for kv in ("growing", "fixed"):
+        a = Generator(session).generate(list(range(3, 11)), 12, progress=False, eos_token_id=-1, kv=kv)
+        b = Generator(peer).generate(list(range(3, 11)), 12, progress=False, eos_token_id=-1, kv=kv)
+        assert a.tokens == b.tokens
+
+
 # -- shape arithmetic folding (graph_optimization_level extended / all) -------------------
 
 

@@ -313,7 +313,16 @@ def tied_embeddings(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def save_tied_embeddings(model_path: str | Path, folder: str | Path) -> Path:
+    """`tied_embeddings` of the model file at `model_path` (its external data read too),
+    written to `folder/model.onnx` with the weights beside it as `model.onnx.data`:
+    SmolLM2's conversion as onnxruntime-genai's builder lays out its tied embeddings."""
+    out = Path(folder) / "model.onnx"
+    onnx.save_model(tied_embeddings(onnx.load(str(model_path))), str(out), save_as_external_data=True,
+                    location=out.name + ".data")
+    return out
+
+
 __all__ = ["GENAI_HEAD_DIM", "drop_config", "genai_builder", "hf_config", "optimum_merged", "rename_values",
-           "tied_embeddings",
-           "transformers_export", "transformers_graphs"]
+           "save_tied_embeddings", "tied_embeddings", "transformers_export", "transformers_graphs"]
 
