@@ -76,6 +76,51 @@ def test_a_weight_bigger_than_a_chunk_gets_a_chunk_of_its_own(monkeypatch):
     assert big.ctypes.data % HUGE_PAGE == 0 and (big == 2.0).all() and (small == 1.0).all() and (more == 3.0).all()
 
 
+def test_faulting_a_weight_writes_nothing_before_it():
+    """The gate faults a weight's pages before the caller writes them: one zero into
+    each, never into the bytes before the weight (the end of the one before it)."""
+    arena = WeightArena()
+    before = arena.empty((3, 1000), np.float32)  # 12,000 bytes: the next starts mid-page
+    before[...] = 7
+    after = arena.empty((1024, 1024), np.float32)  # 4 MiB, over two huge page boundaries
+    assert (before == 7).all(), "the gate wrote into the weight before"
+    assert all(pages_present(after)[::512]), "each of its huge pages is faulted"
+    assert arena.stopped is None
+
+
+def test_slow_huge_page_faults_stop_the_arena(monkeypatch):
+    """A window of faults under MIN_FAULT_RATE stops the arena: the weight that faulted
+    them keeps its place, later ones get numpy's memory."""
+    monkeypatch.setattr(huge_pages, "MIN_FAULT_RATE", float("inf"))
+    monkeypatch.setattr(huge_pages, "FAULT_WINDOW", 1 << 20)
+    arena = WeightArena()
+    with huge_pages.placing_weights(arena):
+        first = huge_pages.new_weight((1024, 1024), np.float32)
+        assert arena.holds(first) and "GB/s" in arena.stopped
+        second = huge_pages.new_weight((1024, 1024), np.float32)
+    assert not arena.holds(second)
+
+
+@needs_huge_pages
+def test_weights_left_in_small_pages_by_the_gate_compute_what_onnxruntime_does(monkeypatch):
+    """Gate tripped at the first weight the arena places: the later weights are written
+    into numpy's memory, not copied in; values are onnxruntime's, run after run."""
+    monkeypatch.setattr(huge_pages, "MIN_FAULT_RATE", float("inf"))
+    monkeypatch.setattr(huge_pages, "FAULT_WINDOW", 1)
+    source, model = _model()
+    session = workbench.InferenceSession(source, SessionOptions(decode_memo_verify=False))
+    placed = set(session.recording.rewrites().query("rule == 'huge_pages'").result)
+    by_name = session.graph.by_name
+    assert len(placed) <= 1, placed
+    for name in ("w_wide", "w_tall"):
+        weight = session.graph.initializers[by_name[name]]
+        assert name in placed or anon_huge_kib(weight) == 0, f"{name} was placed after the gate stopped"
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(5),
+                              names="hzs")
+    for run, name, got, want in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
 def _model(path=None):
     """x [1, 1, 576] -> MatMul with three 2-D weights over 1 MiB (a tall one relaid
     column-major, a wide 576x2048 kept row-major as the file has it, a padded 576x576)

@@ -14,7 +14,13 @@ captured fixed-KV launch loops, 300 passes each, 0.980 of the time (the products
 and 0.980 (growing). Load writes these weights anyway; faulting 2 MiB pages is
 usually the cheaper part of that (512 MiB: about 50 ms against 220 in 4 KiB pages), but
 on these virtual machines a huge page the host has taken back costs more, and a
-SmolLM2 load took 0.29-1.10 s (median 0.61) against 0.39-0.45 s without the rule.
+SmolLM2 load took 0.29-1.10 s (median 0.61) against 0.39-0.45 s without the rule
+(later, 1.46-1.65 s against 0.46-0.52 for a while). So the arena times the faults it
+takes (`FaultGate`): a fresh 64 MiB faulted at 0.72 GB/s in 2 MiB pages when the host
+had taken them back and at 22-25 GB/s when not, against 3.0-3.3 GB/s in 4 KiB pages;
+once a window of faults runs under `MIN_FAULT_RATE`, the arena takes no more weights
+and the rest stay in 4 KiB pages, with fewer `huge_pages` rows (`WeightArena.stopped`
+says why).
 
 How. A `WeightArena` hands out arrays from private anonymous mappings advised
 MADV_HUGEPAGE and aligned to 2 MiB, filled one after another. The rules that write a
@@ -35,6 +41,7 @@ pages not "never".
 from __future__ import annotations
 
 import mmap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -50,6 +57,11 @@ HUGE_PAGE = 2 << 20
 CHUNK = 64 << 20
 #: weights smaller than this stay where they are (a few pages: nothing to gain)
 MIN_BYTES = 1 << 20
+#: bytes a second under which faulting 2 MiB pages costs load more than the 4 KiB pages
+#: they replace fault at (3.0-3.3 GB/s measured), a token's 2% notwithstanding
+MIN_FAULT_RATE = 2e9
+#: the span of faults each judgement of the rate covers
+FAULT_WINDOW = 32 << 20
 _ALIGN = 4096
 _THP_SETTINGS = "/sys/kernel/mm/transparent_hugepage/"
 
@@ -84,6 +96,12 @@ class WeightArena:
         self._memory: _Span | None = None  # the current chunk's usable span
         self._used = 0
         self._zero_page = _zero_page_on_read()
+        self._faults = FaultGate()
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the arena takes no more weights (huge pages faulting too slowly), else None."""
+        return self._faults.stopped
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, order: str = "C",
               zero_tail: int = 0) -> np.ndarray:
@@ -107,6 +125,7 @@ class WeightArena:
             tail_at = start + head  # 4 KiB zero pages instead of a zeroed huge page of its own
             memory.base.madvise(mmap.MADV_NOHUGEPAGE, memory.offset + tail_at, end - tail_at)
         self._used = end
+        self._faults.fault(memory.view, start, start + head)
         return np.ndarray(shape, dtype, buffer=memory.view[start:start + nbytes], order=order)
 
     def copy(self, array: np.ndarray, order: str) -> np.ndarray:
@@ -128,6 +147,36 @@ class WeightArena:
         self._memory = _Span(chunk, skip, whole[skip:skip + size])
         self._chunks.append((address(whole) + skip, address(whole) + skip + size))
         self._used = 0
+
+
+class FaultGate:
+    """Faults a new weight's huge pages before it is written (a zero into each: the
+    caller overwrites them) and times them, `FAULT_WINDOW` bytes at a time; `stopped`
+    says why, once a window ran under `MIN_FAULT_RATE`."""
+
+    __slots__ = ("stopped", "_bytes", "_seconds")
+
+    def __init__(self) -> None:
+        self.stopped: str | None = None
+        self._bytes, self._seconds = 0, 0.0
+
+    def fault(self, view: np.ndarray, start: int, end: int) -> None:
+        if end <= start:
+            return
+        # `start` itself, then the first byte of each huge page after it: none before
+        # `start`, whose page may hold the end of the weight before
+        later = np.arange(-(-(start + 1) // HUGE_PAGE) * HUGE_PAGE, end, HUGE_PAGE)
+        began = time.perf_counter()
+        view[start] = 0
+        view[later] = 0
+        self._seconds += time.perf_counter() - began
+        self._bytes += end - start
+        if self._bytes >= FAULT_WINDOW:
+            rate = self._bytes / max(self._seconds, 1e-9)
+            if rate < MIN_FAULT_RATE:
+                self.stopped = (f"2 MiB pages faulted at {rate / 1e9:.2f} GB/s, under "
+                                f"{MIN_FAULT_RATE / 1e9:.1f}: the later weights stay in 4 KiB pages")
+            self._bytes, self._seconds = 0, 0.0
 
 
 class _Span:
@@ -161,7 +210,7 @@ def new_weight(shape: tuple[int, ...], dtype: np.dtype, order: str = "C", zero_t
     optimization in progress when it is of a size worth a huge page, else numpy's."""
     arena = _ARENA.get()
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if arena is not None and nbytes >= MIN_BYTES:
+    if arena is not None and arena.stopped is None and nbytes >= MIN_BYTES:
         return arena.empty(shape, dtype, order, zero_tail)
     if zero_tail:
         return zero_tail_array(shape, dtype, order)
@@ -205,6 +254,8 @@ def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) 
         if array.nbytes < MIN_BYTES or keeps_zero_pages(array):
             continue
         if not arena.holds(array):
+            if arena.stopped is not None:
+                continue
             order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
             replace_weight(graph, vid, arena.copy(array, order), release)
         del array
