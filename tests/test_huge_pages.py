@@ -90,21 +90,22 @@ def test_faulting_a_weight_writes_nothing_before_it():
 
 def test_slow_huge_page_faults_stop_the_arena(monkeypatch):
     """A window of faults under MIN_FAULT_RATE stops the arena: the weight that faulted
-    them keeps its place, later ones get numpy's memory."""
+    them keeps its place, later ones get 4 KiB pages of their own."""
     monkeypatch.setattr(huge_pages, "MIN_FAULT_RATE", float("inf"))
     monkeypatch.setattr(huge_pages, "FAULT_WINDOW", 1 << 20)
     arena = WeightArena()
     with huge_pages.placing_weights(arena):
         first = huge_pages.new_weight((1024, 1024), np.float32)
         assert arena.holds(first) and "GB/s" in arena.stopped
-        second = huge_pages.new_weight((1024, 1024), np.float32)
-    assert not arena.holds(second)
+        second = huge_pages.new_weight((2048, 1024), np.float32)  # 8 MiB: numpy would advise huge pages
+    second[...] = 1
+    assert not arena.holds(second) and anon_huge_kib(second) == 0, "the rest go to 4 KiB pages"
 
 
 @needs_huge_pages
 def test_weights_left_in_small_pages_by_the_gate_compute_what_onnxruntime_does(monkeypatch):
     """Gate tripped at the first weight the arena places: the later weights are written
-    into numpy's memory, not copied in; values are onnxruntime's, run after run."""
+    into 4 KiB pages, not copied in; values are onnxruntime's, run after run."""
     monkeypatch.setattr(huge_pages, "MIN_FAULT_RATE", float("inf"))
     monkeypatch.setattr(huge_pages, "FAULT_WINDOW", 1)
     source, model = _model()
@@ -117,6 +118,43 @@ def test_weights_left_in_small_pages_by_the_gate_compute_what_onnxruntime_does(m
         assert name in placed or anon_huge_kib(weight) == 0, f"{name} was placed after the gate stopped"
     runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 576), RUNS, np.random.default_rng(5),
                               names="hzs")
+    for run, name, got, want in runs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
+
+
+@pytest.mark.parametrize("shape", [(1001, 777), (17, 49152), (3, 5), (2048, 96)])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_write_weight_copies_every_element_in_blocks_of_rows(shape, order):
+    src = np.random.default_rng(4).standard_normal(shape, dtype=np.float32)
+    dst = np.full(shape, np.nan, np.float32, order=order)
+    huge_pages.write_weight(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    wide = np.full((shape[0], shape[1] + 9), np.nan, np.float32, order=order)
+    huge_pages.write_weight(wide[:, 4:4 + shape[1]], src)  # a column range, as fusion and padding write
+    np.testing.assert_array_equal(wide[:, 4:4 + shape[1]], src)
+    assert np.isnan(wide[:, :4]).all() and np.isnan(wide[:, 4 + shape[1]:]).all()
+
+
+def test_weights_relaid_in_blocks_with_ragged_rows_compute_what_onnxruntime_does():
+    """Weights whose row counts no block divides, fused (Q/K/V-like siblings), padded and
+    relaid column-major at load; onnxruntime's values over runs on one input buffer."""
+    rng = np.random.default_rng(6)
+    weights = {name: (rng.standard_normal(shape) * 0.05).astype(np.float32) for name, shape in
+               (("w_a", (1001, 700)), ("w_b", (1001, 350)), ("w_c", (1001, 350)), ("w_down", (1400, 1001)))}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_a"], ["a"]),
+         helper.make_node("MatMul", ["x", "w_b"], ["b"]),
+         helper.make_node("MatMul", ["x", "w_c"], ["c"]),
+         helper.make_node("Concat", ["a", "b", "c"], ["abc"], axis=-1),
+         helper.make_node("MatMul", ["abc", "w_down"], ["y"])],
+        "ragged", [tensor("x", [1, 1, 1001])], [tensor("abc", [1, 1, 1400]), tensor("y", [1, 1, 1001])],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    rules = set(session.recording.rewrites().rule)
+    assert {"matmul_siblings", "matvec_layout"} <= rules, rules
+    runs = runs_on_one_buffer(session, ort_session(model), (1, 1, 1001), RUNS, np.random.default_rng(9),
+                              names=("abc", "y"))
     for run, name, got, want in runs:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=f"run {run}: {name}")
 

@@ -37,7 +37,7 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
-from .huge_pages import new_weight
+from .huge_pages import new_weight, write_weight
 from .matvec_threads import matvec_order
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -91,7 +91,7 @@ def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_
     fused = new_weight((rows, cols), weights[0].dtype, matvec_order(rows, cols) if column_major else "C")
     at = 0
     for w in weights:
-        fused[:, at:at + w.shape[1]] = w
+        write_weight(fused[:, at:at + w.shape[1]], w)
         at += w.shape[1]
     for n in members:
         del graph.initializers[n.inputs[1]]

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, matmul_weights
-from .huge_pages import new_weight, zero_tail_array
+from .huge_pages import new_weight, write_weight, zero_tail_array
 from .wide_layout import wide_weights_row_major
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
@@ -120,15 +120,15 @@ def _padded(array: np.ndarray, width: int) -> tuple[np.ndarray, tuple[tuple[int,
     if halves is not None:  # the zero columns are whole pages in the middle and the tail, never written
         wide = zero_tail_array((rows, width), np.float32, order)
         first, second = halves
-        wide[:, :first] = array[:, :first]
-        wide[:, second:second + cols - first] = array[:, first:]
+        write_weight(wide[:, :first], array[:, :first])
+        write_weight(wide[:, second:second + cols - first], array[:, first:])
         return wide, ((0, first), (second, second + cols - first))
     if order == "F":  # the zero columns are the buffer's tail: never written, the zero page
         wide = new_weight((rows, width), np.float32, order, zero_tail=rows * (width - cols) * 4)
     else:
         wide = new_weight((rows, width), np.float32, order)
         wide[:, cols:] = 0
-    wide[:, :cols] = array
+    write_weight(wide[:, :cols], array)
     return wide, ((0, cols),)
 
 

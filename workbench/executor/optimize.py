@@ -41,7 +41,14 @@ from ..ir.graph import Graph, Node
 from ..ops import registry
 from .fusion import fuse
 from .graph_edit import Rewrite, copy_graph, matmul_weights, read_values, replace_weight, weight_rewrite
-from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, new_weight, placing_weights
+from .huge_pages import (
+    WeightArena,
+    huge_pages_available,
+    move_matvec_weights,
+    new_weight,
+    placing_weights,
+    write_weight,
+)
 from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
 from .options import GRAPH_OPTIMIZATION_LEVELS
@@ -176,7 +183,7 @@ def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> 
                 or array.flags.f_contiguous or matvec_order(*array.shape, backend) == "C"):
             continue
         relaid = new_weight(array.shape, array.dtype, "F")
-        relaid[...] = array
+        write_weight(relaid, array)
         del array
         replace_weight(graph, vid, relaid, release)
         rewrites.append(weight_rewrite("matvec_layout", graph, vid, uses))
