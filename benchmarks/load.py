@@ -62,6 +62,8 @@ for _ in range(8 if decoded else 0):
     feeds["attention_mask"] = np.ones((1, total), np.int64)
     if any(i.name == "position_ids" for i in session.get_inputs()):
         feeds["position_ids"] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
+    if any(i.name == "use_cache_branch" for i in session.get_inputs()):  # optimum's merged decoder
+        feeds["use_cache_branch"] = np.array([total > ids.shape[1]])
     outs = dict(zip(names, session.run(None, feeds)))
     ids = np.array([[int(np.argmax(outs["logits"][0, -1]))]], np.int64)
     total += 1
@@ -86,7 +88,9 @@ def measure(runtime: str, path: str, repeats: int) -> dict[str, float]:
 
 def _models(args, folder: Path):
     for label, build in (("llama small (genai)", lambda: models.llama("small", flavor="genai")),
-                         ("llama small (onnx)", lambda: models.llama("small", flavor="onnx"))):
+                         ("llama small (onnx)", lambda: models.llama("small", flavor="onnx")),
+                         ("llama small (optimum merged)", lambda: exports.optimum_merged(
+                             models.llama("small", flavor="onnx")))):
         for external in (False, True):
             path = folder / f"{label.replace(' ', '_')}{'_ext' if external else ''}.onnx"
             onnx.save_model(build(), path, save_as_external_data=external, location=path.name + ".data")
@@ -107,7 +111,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-smollm2", action="store_true")
     args = parser.parse_args()
-    print(f"{'model':<34}{'workbench s':>12}{'ort s':>8}{'ratio':>7}{'session only':>14}{'ratio':>7}"
+    print(f"{'model':<46}{'workbench s':>12}{'ort s':>8}{'ratio':>7}{'session only':>14}{'ratio':>7}"
           f"{'wb import':>11}{'loaded MiB wb/ort':>19}{'ratio':>7}{'decoding MiB wb/ort':>21}{'ratio':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for label, path in _models(args, Path(tmp)):
@@ -115,7 +119,7 @@ def main() -> None:
             o = measure("onnxruntime", path, args.repeats)
             loaded = f"{w['rss_mib']:.0f}/{o['rss_mib']:.0f}"
             decoding = f"{w['decode_rss_mib']:.0f}/{o['decode_rss_mib']:.0f}"
-            print(f"{label:<34}{w['s']:>12.3f}{o['s']:>8.3f}{w['s'] / o['s']:>7.2f}"
+            print(f"{label:<46}{w['s']:>12.3f}{o['s']:>8.3f}{w['s'] / o['s']:>7.2f}"
                   f"{w['session_s']:>7.3f}/{o['session_s']:<6.3f}{w['session_s'] / o['session_s']:>7.2f}"
                   f"{w['import_s']:>11.3f}{loaded:>19}{w['rss_mib'] / o['rss_mib']:>7.2f}"
                   f"{decoding:>21}{w['decode_rss_mib'] / o['decode_rss_mib']:>7.2f}")

@@ -39,6 +39,7 @@ from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
 from .huge_pages import new_weight, write_weight
 from .matvec_threads import matvec_order
+from .weight_sharing import keep, reuse
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -88,11 +89,14 @@ def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_
     # then leaves it; another backend's is relaid): a second copy of the model's largest
     # weights would double load time
     rows, cols = weights[0].shape[0], sum(widths)
-    fused = new_weight((rows, cols), weights[0].dtype, matvec_order(rows, cols) if column_major else "C")
-    at = 0
-    for w in weights:
-        write_weight(fused[:, at:at + w.shape[1]], w)
-        at += w.shape[1]
+    order = matvec_order(rows, cols) if column_major else "C"
+    fused = reuse(("matmul_siblings", order), tuple(weights))  # the other If branch's (`weight_sharing`)
+    if fused is None:
+        fused = keep(("matmul_siblings", order), tuple(weights), new_weight((rows, cols), weights[0].dtype, order))
+        at = 0
+        for w in weights:
+            write_weight(fused[:, at:at + w.shape[1]], w)
+            at += w.shape[1]
     for n in members:
         del graph.initializers[n.inputs[1]]
         if release is not None:

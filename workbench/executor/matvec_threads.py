@@ -44,6 +44,7 @@ import numpy as np
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, matmul_weights
 from .huge_pages import new_weight, write_weight, zero_tail_array
+from .weight_sharing import keep, reuse
 from .wide_layout import wide_weights_row_major
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
@@ -144,7 +145,8 @@ def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
         width = padded_width(rows, cols)
         if width is None:
             continue
-        wide, pieces = _padded(array, width)
+        wide, pieces = reuse(("matvec_threads", width), (array,)) or keep(
+            ("matvec_threads", width), (array,), _padded(array, width))
         name = graph.values[vid].name
         wide_id = add_initializer(graph, f"{name}_padded", wide)
         graph.initializers.pop(vid)

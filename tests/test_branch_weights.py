@@ -1,0 +1,101 @@
+"""The weight rules inside If branches (`executor/branch_weights.py`): optimum's merged
+decoder keeps its weights in the outer graph and its model in both branches of one If.
+
+Hoisting those weights into the branches and fusing, padding and relaying them there
+changes where the bytes live and how products are grouped, never a value: checked
+against onnxruntime run after run on one input buffer with the branch switching, by
+the merged llama's tokens and logits, and by what the rewritten branches hold (the two
+share every rewritten weight; the outer originals are gone)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_session, tensor
+
+import workbench
+from workbench import Generator, SessionOptions, models
+
+RUNS = 8
+HIDDEN = 576
+
+
+def _branch(suffix: str, activation: str) -> object:
+    """Q/K/V-like siblings over x (fused), an up projection (wide) then a down one
+    (tall, relaid), and the square 576x576 (padded for threads)."""
+    s = suffix
+    nodes = [helper.make_node("MatMul", ["x", "w_q"], [f"q{s}"]),
+             helper.make_node("MatMul", ["x", "w_k"], [f"k{s}"]),
+             helper.make_node("MatMul", ["x", "w_v"], [f"v{s}"]),
+             helper.make_node("Concat", [f"q{s}", f"k{s}", f"v{s}"], [f"qkv{s}"], axis=-1),
+             helper.make_node("MatMul", ["x", "w_up"], [f"up{s}"]),
+             helper.make_node(activation, [f"up{s}"], [f"act{s}"]),
+             helper.make_node("MatMul", [f"act{s}", "w_down"], [f"down{s}"]),
+             helper.make_node("MatMul", [f"down{s}", "w_o"], [f"out{s}"])]
+    return helper.make_graph(nodes, f"branch{s}", [],
+                             [tensor(f"qkv{s}", [1, 1, HIDDEN + 384]), tensor(f"out{s}", [1, 1, HIDDEN])])
+
+
+def _merged_model():
+    rng = np.random.default_rng(11)
+    shapes = {"w_q": (HIDDEN, HIDDEN), "w_k": (HIDDEN, 192), "w_v": (HIDDEN, 192), "w_up": (HIDDEN, 1536),
+              "w_down": (1536, HIDDEN), "w_o": (HIDDEN, HIDDEN)}
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
+               for name, shape in shapes.items()]
+    node = helper.make_node("If", ["cond"], ["qkv", "out"], name="merged::if",
+                            then_branch=_branch("_with_past", "Relu"), else_branch=_branch("_no_past", "Sigmoid"))
+    graph = helper.make_graph([node], "merged", [tensor("x", [1, 1, HIDDEN]), tensor("cond", [], TensorProto.BOOL)],
+                              [tensor("qkv", [1, 1, HIDDEN + 384]), tensor("out", [1, 1, HIDDEN])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_branch_weights_compute_what_onnxruntime_does_run_after_run():
+    model = _merged_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    rules = set(session.recording.rewrites().rule)
+    assert {"matmul_siblings", "matvec_layout", "matvec_threads"} <= rules, rules
+    oracle = ort_session(model)
+    rng = np.random.default_rng(12)
+    x, cond = np.empty((1, 1, HIDDEN), np.float32), np.empty((), np.bool_)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        cond[...] = run % 3 != 2  # both branches, each several times, on the same buffers
+        got = session.run(None, {"x": x, "cond": cond})
+        want = oracle.run(None, {"x": x.copy(), "cond": cond.copy()})
+        for name, g, w in zip(("qkv", "out"), got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4, err_msg=f"run {run} ({bool(cond)}): {name}")
+
+
+def test_the_branches_share_each_rewritten_weight_and_the_outer_originals_go():
+    session = workbench.InferenceSession(_merged_model(), SessionOptions(decode_memo_verify=False))
+    graph = session.graph
+    node = next(n for n in graph.nodes if n.op_type == "If")
+    then, other = node.subgraphs["then_branch"], node.subgraphs["else_branch"]
+    assert not graph.initializers, "every weight moved into the branches"
+    assert [graph.values[v].name for v in node.captures] == ["x"], "the If captures only the input now"
+    by_name = {name: then.initializers[vid] for name, vid in then.by_name.items() if vid in then.initializers}
+    other_by_name = {name: other.initializers[vid] for name, vid in other.by_name.items() if vid in other.initializers}
+    fused = [name for name in by_name if name.endswith("/siblings")]
+    assert fused, sorted(by_name)
+    big = [name for name, a in by_name.items() if a.ndim == 2 and a.size >= HIDDEN * 192]
+    assert all(by_name[name] is other_by_name[name] for name in big), "one array for both branches"
+    assert by_name[fused[0]].flags.f_contiguous and by_name["w_down"].flags.f_contiguous
+
+
+@pytest.mark.parametrize("kv", ["growing", "fixed"])
+def test_optimum_merged_llama_decodes_what_onnxruntime_does(kv):
+    """The merged decoder's tokens and every step's logits, its weights rewritten in
+    its branches: the first run takes the no-past branch, the rest the other."""
+    model = models.llama("tiny", flavor="onnx", export="optimum-merged", hidden=576, heads=9, kv_heads=3,
+                         head_dim=64, ffn=1536, num_layers=2, vocab=512)
+    session = workbench.InferenceSession(model.SerializeToString())
+    rewrites = session.recording.rewrites()
+    assert len(rewrites.query("rule == 'matmul_siblings'")) == 2 * 2 * 2, "Q/K/V and gate/up, 2 layers, 2 branches"
+    want = Generator(ort_session(model)).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv,
+                                                  return_logits=True)
+    got = Generator(session).generate(list(range(3, 11)), 10, progress=False, eos_token_id=-1, kv=kv,
+                                      return_logits=True)
+    assert got.tokens == want.tokens
+    for step, (g, w) in enumerate(zip(got.logits, want.logits, strict=True)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
