@@ -20,14 +20,13 @@ slows one decode of it. The ms/tok columns are the medians of all decode steps.
 The first and last lines give the rate numpy streams weights at just then: on these
 shared machines it has been seen between 7 and 50 GB/s, and every row scales with it.
 
-"products" is the floor under workbench's step: its plan's weight products (MatMul
+"products" is the floor under workbench's step: its graph's weight products (MatMul
 over a 2-D weight, in the layout the load-time optimizer gave it), one row each, back
 to back with nothing in between, the fastest of 9 passes; "floor" is that over
 onnxruntime's median step. A row whose ratio sits near its floor is bound by the bytes
 its weights stream, not by the executor: the int4 row, whose 4-bit weights numpy can
-only multiply as dequantized float32 (8x the bytes onnxruntime reads). "-" where the
-products are not in the top plan (optimum's merged decoder runs its graph inside an
-If).
+only multiply as dequantized float32 (8x the bytes onnxruntime reads). An If's
+then-branch counts (optimum's merged decoder: the branch a step with a past runs).
 """
 
 from __future__ import annotations
@@ -109,13 +108,10 @@ def streaming_rate(count: int = 64) -> float:
 
 
 def products_alone(session: workbench.InferenceSession, rounds: int = 9) -> float | None:
-    """The least seconds, over `rounds`, of the plan's weight products (MatMul over a 2-D
-    initializer) run one row each, back to back, on the weights as loaded (a floor: the
-    least those bytes took); None where there are none."""
-    executor = session.executor
-    weights = [executor.env[p.inputs[1]] for p in executor.plan.nodes
-               if p.node.op_type == "MatMul" and len(p.inputs) == 2 and p.inputs[1] in executor.graph.initializers
-               and getattr(executor.env[p.inputs[1]], "ndim", 0) == 2]
+    """The least seconds, over `rounds`, of the step's weight products (MatMul over a
+    2-D initializer) run one row each, back to back, on the weights as loaded (a floor:
+    the least those bytes took); None where there are none."""
+    weights = _product_weights(session.graph)
     if not weights:
         return None
     calls = [(np.ones((1, w.shape[0]), w.dtype), w, np.empty((1, w.shape[1]), w.dtype)) for w in weights]
@@ -126,6 +122,20 @@ def products_alone(session: workbench.InferenceSession, rounds: int = 9) -> floa
             np.matmul(x, w, out=out)
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def _product_weights(graph) -> list[np.ndarray]:
+    """The 2-D weights `graph`'s MatMuls read as B, and those of an If's then-branch
+    (optimum's merged decoder: the branch a decode step with a past runs)."""
+    weights = []
+    for node in graph.nodes:
+        if node.op_type == "If" and "then_branch" in node.subgraphs:
+            weights += _product_weights(node.subgraphs["then_branch"])
+        elif node.op_type == "MatMul" and len(node.inputs) == 2 and node.inputs[1] in graph.initializers:
+            w = graph.initializers[node.inputs[1]]
+            if w.ndim == 2:
+                weights.append(w)
+    return weights
 
 
 def _models(args):
