@@ -81,6 +81,8 @@ def test_the_branches_share_each_rewritten_weight_and_the_outer_originals_go():
     big = [name for name, a in by_name.items() if a.ndim == 2 and a.size >= HIDDEN * 192]
     assert all(by_name[name] is other_by_name[name] for name in big), "one array for both branches"
     assert by_name[fused[0]].flags.f_contiguous and by_name["w_down"].flags.f_contiguous
+    padded = session.recording.rewrites().query("rule == 'matvec_threads'")
+    assert len(padded) == 2 and sorted(padded.bytes_delta > 0) == [False, True], "the shared padding counted once"
 
 
 @pytest.mark.parametrize("kv", ["growing", "fixed"])

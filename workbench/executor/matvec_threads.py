@@ -145,8 +145,8 @@ def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
         width = padded_width(rows, cols)
         if width is None:
             continue
-        wide, pieces = reuse(("matvec_threads", width), (array,)) or keep(
-            ("matvec_threads", width), (array,), _padded(array, width))
+        shared = reuse(("matvec_threads", width), (array,))  # the other If branch's (`weight_sharing`)
+        wide, pieces = shared or keep(("matvec_threads", width), (array,), _padded(array, width))
         name = graph.values[vid].name
         wide_id = add_initializer(graph, f"{name}_padded", wide)
         graph.initializers.pop(vid)
@@ -176,5 +176,5 @@ def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
             graph.nodes[at:at + 1] = [matmul, *tail]
         rewrites.append(Rewrite("matvec_threads", tuple(n.name for n in by_node.values()),
                                 tuple("MatMul" for _ in by_node), f"{name}_padded", 0,
-                                wide.nbytes - rows * cols * 4, kept=True))
+                                0 if shared else wide.nbytes - rows * cols * 4, kept=True))
     return rewrites
