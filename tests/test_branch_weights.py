@@ -108,3 +108,87 @@ def test_optimum_merged_llama_decodes_what_onnxruntime_does(kv):
     assert got.tokens == want.tokens
     for step, (g, w) in enumerate(zip(got.logits, want.logits, strict=True)):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
+def _echo_model():
+    """If(cond) whose branches return the input itself, a product of it and a running
+    sum: outputs that are the caller's bytes, a branch's own buffer, and one a later
+    run of the same branch rewrites."""
+    rng = np.random.default_rng(13)
+    w = numpy_helper.from_array((rng.standard_normal((64, 32)) * 0.1).astype(np.float32), "w")
+
+    def branch(s, act):
+        return helper.make_graph(
+            [helper.make_node("Identity", ["x"], [f"same{s}"]),
+             helper.make_node("MatMul", ["x", "w"], [f"p{s}"]),
+             helper.make_node(act, [f"p{s}"], [f"y{s}"])],
+            f"echo{s}", [], [tensor(f"same{s}", [1, 64]), tensor(f"y{s}", [1, 32])])
+
+    node = helper.make_node("If", ["cond"], ["same", "y"], then_branch=branch("_t", "Relu"),
+                            else_branch=branch("_e", "Tanh"))
+    graph = helper.make_graph([node], "echo", [tensor("x", [1, 64]), tensor("cond", [], TensorProto.BOOL)],
+                              [tensor("same", [1, 64]), tensor("y", [1, 32])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_what_a_branch_handed_out_survives_its_next_runs():
+    """A branch reuses its buffers run after run (the decode-plan memo inside it); what
+    the caller got from earlier runs stays onnxruntime's, its input buffer reused too."""
+    model = _echo_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=True))
+    oracle = ort_session(model)
+    rng = np.random.default_rng(14)
+    x, cond = np.empty((1, 64), np.float32), np.empty((), np.bool_)
+    kept = []
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        cond[...] = run % 4 != 3
+        got = session.run(None, {"x": x, "cond": cond})
+        kept.append((got, oracle.run(None, {"x": x.copy(), "cond": cond.copy()})))
+    x[...] = np.nan  # the caller reuses its input buffer
+    for run, (got, want) in enumerate(kept):
+        for name, g, w in zip(("same", "y"), got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {name}")
+
+
+def _if_in_a_loop_model():
+    """Loop (4 iterations) whose body runs an If; the If's output is carried and also
+    collected every iteration (a scan output keeps each iteration's array)."""
+    rng = np.random.default_rng(15)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64)) * 0.2).astype(np.float32), "w")
+
+    def branch(s, act):
+        return helper.make_graph(
+            [helper.make_node("MatMul", ["v", "w"], [f"p{s}"]), helper.make_node(act, [f"p{s}"], [f"n{s}"])],
+            f"step{s}", [], [tensor(f"n{s}", [1, 64])])
+
+    body = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["v_next"], then_branch=branch("_t", "Tanh"),
+                          else_branch=branch("_e", "Sigmoid")),
+         helper.make_node("Identity", ["keep_going"], ["keep_going_out"]),
+         helper.make_node("Identity", ["v_next"], ["v_seen"])],
+        "body", [tensor("i", [], TensorProto.INT64), tensor("keep_going", [], TensorProto.BOOL), tensor("v", [1, 64])],
+        [tensor("keep_going_out", [], TensorProto.BOOL), tensor("v_next", [1, 64]), tensor("v_seen", [1, 64])])
+    loop = helper.make_node("Loop", ["trips", "", "x"], ["v_last", "v_all"], body=body)
+    graph = helper.make_graph([loop], "looped", [tensor("x", [1, 64]), tensor("flag", [], TensorProto.BOOL),
+                                                 tensor("trips", [], TensorProto.INT64)],
+                              [tensor("v_last", [1, 64]), tensor("v_all", [4, 1, 64])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_branch_run_in_every_loop_iteration_hands_out_arrays_of_their_own():
+    """The Loop keeps each iteration's If output: a branch that handed out its own
+    buffer would have every kept iteration read as the last one."""
+    model = _if_in_a_loop_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = ort_session(model)
+    rng = np.random.default_rng(16)
+    x, flag, trips = np.empty((1, 64), np.float32), np.empty((), np.bool_), np.array(4, np.int64)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        flag[...] = run % 3 != 1
+        got = session.run(None, {"x": x, "flag": flag, "trips": trips})
+        want = oracle.run(None, {"x": x.copy(), "flag": flag.copy(), "trips": trips})
+        assert not np.allclose(got[1][0], got[1][-1]), "iterations differ"
+        for name, g, w in zip(("v_last", "v_all"), got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {name}")

@@ -25,8 +25,9 @@ def _host_scalar(value) -> object:
 
 @register("If", since=1, capture=CONTROL_FLOW, data_dependent_shape=True)
 def if_(info: NodeInfo):
-    then_run = info.make_subgraph_runner(info.subgraphs["then_branch"])
-    else_run = info.make_subgraph_runner(info.subgraphs["else_branch"])
+    # a branch's values are not needed after it ran: it may reuse its buffers
+    then_run = info.make_subgraph_runner(info.subgraphs["then_branch"], reusable=True)
+    else_run = info.make_subgraph_runner(info.subgraphs["else_branch"], reusable=True)
 
     def run(inputs, outs):
         branch = then_run if bool(_host_scalar(inputs[0])) else else_run

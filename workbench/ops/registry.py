@@ -88,7 +88,7 @@ class NodeInfo:
     #: names of the outer-scope values a control-flow node's subgraphs read; their
     #: arrays arrive after the formal inputs, in this order
     capture_names: tuple[str, ...] = ()
-    #: control flow only: `make_subgraph_runner(graph)` returns
+    #: control flow only: `make_subgraph_runner(graph, reusable=False)` returns
     #: `run(inputs: list, captures: dict[name, array]) -> list[outputs]`
     make_subgraph_runner: Any = None
 
