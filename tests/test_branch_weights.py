@@ -1,5 +1,7 @@
-"""The weight rules inside If branches (`executor/branch_weights.py`): optimum's merged
-decoder keeps its weights in the outer graph and its model in both branches of one If.
+"""If branches as optimum's merged decoder has them (its weights in the outer graph, its
+model in both branches of one If): the weight rules inside them
+(`executor/branch_weights.py`) and the decode-plan memo running them
+(`Executor._subgraph_runner`, reusable).
 
 Hoisting those weights into the branches and fusing, padding and relaying them there
 changes where the bytes live and how products are grouped, never a value: checked
@@ -177,8 +179,9 @@ def _if_in_a_loop_model():
 
 
 def test_a_branch_run_in_every_loop_iteration_hands_out_arrays_of_their_own():
-    """The Loop keeps each iteration's If output: a branch that handed out its own
-    buffer would have every kept iteration read as the last one."""
+    """The Loop keeps each iteration's If output. An If inside a Loop body keeps fresh
+    arrays (no memo); were its branch to reuse its buffers and hand them out, every kept
+    iteration would read as the last one."""
     model = _if_in_a_loop_model()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
     oracle = ort_session(model)
