@@ -195,3 +195,34 @@ def test_a_branch_run_in_every_loop_iteration_hands_out_arrays_of_their_own():
         assert not np.allclose(got[1][0], got[1][-1]), "iterations differ"
         for name, g, w in zip(("v_last", "v_all"), got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"run {run}: {name}")
+
+
+def _misdeclared_model():
+    """A branch reads two outer values the model's value_info declares with one symbol
+    'n' though they differ in length (onnxruntime runs it; binding 'n' from both cannot)."""
+    then = helper.make_graph(
+        [helper.make_node("ReduceSum", ["a"], ["sa"], keepdims=0), helper.make_node("ReduceSum", ["b"], ["sb"], keepdims=0),
+         helper.make_node("Add", ["sa", "sb"], ["t"])], "then", [], [tensor("t", [])])
+    other = helper.make_graph([helper.make_node("ReduceMax", ["a"], ["e"], keepdims=0)], "else", [], [tensor("e", [])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Concat", ["x", "x"], ["b"], axis=0),
+         helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+        "misdeclared", [tensor("x", ["n"]), tensor("cond", [], TensorProto.BOOL)], [tensor("y", [])],
+        value_info=[tensor("a", ["n"]), tensor("b", ["n"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+
+
+def test_a_branch_whose_inputs_are_misdeclared_runs_on_fresh_arrays():
+    """Symbols cannot be bound from what the branch reads: it falls back to running on
+    fresh arrays, as before the memo ran branches, and computes onnxruntime's values."""
+    model = _misdeclared_model()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = ort_session(model)
+    rng = np.random.default_rng(17)
+    x, cond = np.empty(6, np.float32), np.empty((), np.bool_)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        cond[...] = run % 3 != 2
+        got = session.run(None, {"x": x, "cond": cond})
+        want = oracle.run(None, {"x": x.copy(), "cond": cond.copy()})
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=f"run {run}")

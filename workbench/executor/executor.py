@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AllocationError, KernelError, MechanismDivergenceError, WorkbenchError
+from ..errors import AllocationError, InputError, KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read, replay_kernel
 from .capture import SlotCapture
@@ -659,12 +659,22 @@ class Executor(DecodeMemoSteps):
             child = Executor(graph, self.backend, options=self.options, cache=self.cache, jit_only=True)
 
         def run(inputs: list, captures: dict[str, Any]) -> list:
+            nonlocal child, reusable
             feeds = {vid: arr for vid, arr in zip(formal, inputs)}
             for name, vid in outer.items():
                 feeds[vid] = captures[name]
-            env = child.run(feeds)
             if reusable:
-                return [child.branch_output(o) for o in outputs]
+                try:
+                    child.run(feeds)
+                except InputError:
+                    # the shapes declared for the values it reads (inferred, or a model's
+                    # own value_info) disagree with what arrives, which binding symbols
+                    # from them refuses before any node runs: run it on fresh arrays
+                    child, reusable = Executor(graph, self.backend, options=self.options, cache=self.cache,
+                                               jit_only=True), False
+                else:
+                    return [child.branch_output(o) for o in outputs]
+            env = child.run(feeds)
             return [env[o] for o in outputs]
 
         run.executor = child  # type: ignore[attr-defined]
