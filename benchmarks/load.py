@@ -124,5 +124,6 @@ def main() -> None:
                   f"{w['import_s']:>11.3f}{loaded:>19}{w['rss_mib'] / o['rss_mib']:>7.2f}"
                   f"{decoding:>21}{w['decode_rss_mib'] / o['decode_rss_mib']:>7.2f}")
 
+
 if __name__ == "__main__":
     main()

@@ -42,7 +42,6 @@ def rewrite_branch_weights(graph: Graph, rules: BranchRules) -> list[Rewrite]:
             changed = {}
             for attr, body in node.subgraphs.items():
                 copy = copy_graph(body)
-                copy.outer_inputs = list(body.outer_inputs)
                 if not _hoist_weights(graph, copy):
                     continue
                 found = rules(copy)

@@ -39,7 +39,7 @@ from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, readers, replace_nodes
 from .huge_pages import new_weight, write_weight
 from .matvec_threads import matvec_order
-from .weight_sharing import keep, reuse
+from .weight_sharing import once
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -90,13 +90,7 @@ def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_
     # weights would double load time
     rows, cols = weights[0].shape[0], sum(widths)
     order = matvec_order(rows, cols) if column_major else "C"
-    fused = reuse(("matmul_siblings", order), tuple(weights))  # the other If branch's (`weight_sharing`)
-    if fused is None:
-        fused = keep(("matmul_siblings", order), tuple(weights), new_weight((rows, cols), weights[0].dtype, order))
-        at = 0
-        for w in weights:
-            write_weight(fused[:, at:at + w.shape[1]], w)
-            at += w.shape[1]
+    fused = once(("matmul_siblings", order), tuple(weights), _concatenated, weights, order)  # one for both If branches
     for n in members:
         del graph.initializers[n.inputs[1]]
         if release is not None:
@@ -112,6 +106,16 @@ def _fuse_group(graph: Graph, members: list[Node], release: dict | None, column_
     replace_nodes(graph, members, [matmul, split])
     return Rewrite("matmul_siblings", tuple(n.name for n in members), tuple(n.op_type for n in members),
                    f"{matmul.name} + {split.name}", len(members) - 2, 0)
+
+
+def _concatenated(weights: list[np.ndarray], order: str) -> np.ndarray:
+    """The weights side by side along their columns, in a new weight of `order`."""
+    fused = new_weight((weights[0].shape[0], sum(w.shape[1] for w in weights)), weights[0].dtype, order)
+    at = 0
+    for w in weights:
+        write_weight(fused[:, at:at + w.shape[1]], w)
+        at += w.shape[1]
+    return fused
 
 
 def _split_node(graph: Graph, name: str, source: int, parts: list[int], widths: list[int]) -> Node:

@@ -52,7 +52,7 @@ import numpy as np
 from ..addresses import address
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, matmul_weights, replace_weight, weight_rewrite
-from .weight_sharing import keep, reuse
+from .weight_sharing import once
 
 HUGE_PAGE = 2 << 20
 #: chunks are mapped this large (a bigger weight gets a chunk of its own)
@@ -286,9 +286,7 @@ def move_matvec_weights(graph: Graph, arena: WeightArena, release: dict | None) 
             if arena.stopped is not None:
                 continue
             order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-            placed = reuse(("huge_pages", order), (array,))  # the other If branch's (`weight_sharing`)
-            if placed is None:
-                placed = keep(("huge_pages", order), (array,), arena.copy(array, order))
+            placed = once(("huge_pages", order), (array,), arena.copy, array, order)
             replace_weight(graph, vid, placed, release)
         del array
         rewrites.append(weight_rewrite("huge_pages", graph, vid, uses))

@@ -44,7 +44,7 @@ import numpy as np
 from ..ir.graph import Graph
 from .graph_edit import Rewrite, add_initializer, add_value, make_node, matmul_weights
 from .huge_pages import new_weight, write_weight, zero_tail_array
-from .weight_sharing import keep, reuse
+from .weight_sharing import made_before, once
 from .wide_layout import wide_weights_row_major
 
 #: OpenBLAS's sgemv runs single-threaded below this many matrix elements
@@ -145,8 +145,9 @@ def pad_for_threads(graph: Graph, release: dict | None) -> list[Rewrite]:
         width = padded_width(rows, cols)
         if width is None:
             continue
-        shared = reuse(("matvec_threads", width), (array,))  # the other If branch's (`weight_sharing`)
-        wide, pieces = shared or keep(("matvec_threads", width), (array,), _padded(array, width))
+        key = ("matvec_threads", width)
+        shared = made_before(key, (array,))  # by the other If branch: its bytes are counted there
+        wide, pieces = once(key, (array,), _padded, array, width)
         name = graph.values[vid].name
         wide_id = add_initializer(graph, f"{name}_padded", wide)
         graph.initializers.pop(vid)

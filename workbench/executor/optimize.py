@@ -54,7 +54,7 @@ from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
 from .options import GRAPH_OPTIMIZATION_LEVELS
 from .plan import node_info
-from .weight_sharing import keep, reuse
+from .weight_sharing import once
 from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, wide_weight_layout
 
 LEVELS = GRAPH_OPTIMIZATION_LEVELS
@@ -104,7 +104,9 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
             rewrites += _matvec_layout(out, released, backend)
         if level in ("extended", "all"):  # the weights an If's branches read (optimum's merged decoder)
             rewrites += rewrite_branch_weights(out, _branch_weight_rules(level, backend, arena))
-            _drop_hoisted(out, released)
+            # the outer originals the branches now hold: no rows (their bytes live on in
+            # the branches, or the branches' rows account for them)
+            _drop_unused_initializers(out, released)
     if arena is not None:
         rewrites += move_matvec_weights(out, arena, released)
     out.nodes = [dataclasses.replace(n, index=i) for i, n in enumerate(out.nodes)]
@@ -187,14 +189,17 @@ def _matvec_layout(graph: Graph, release: dict | None, backend: str = "cpu") -> 
         if (array.dtype not in (np.float32, np.float64) or array.shape[0] < 2 or array.shape[1] < 2
                 or array.flags.f_contiguous or matvec_order(*array.shape, backend) == "C"):
             continue
-        relaid = reuse(("matvec_layout",), (array,))  # the other If branch's (`weight_sharing`)
-        if relaid is None:
-            relaid = keep(("matvec_layout",), (array,), new_weight(array.shape, array.dtype, "F"))
-            write_weight(relaid, array)
+        relaid = once(("matvec_layout",), (array,), _column_major, array)  # one for both If branches
         del array
         replace_weight(graph, vid, relaid, release)
         rewrites.append(weight_rewrite("matvec_layout", graph, vid, uses))
     return rewrites
+
+
+def _column_major(array: np.ndarray) -> np.ndarray:
+    relaid = new_weight(array.shape, array.dtype, "F")
+    write_weight(relaid, array)
+    return relaid
 
 
 def _branch_weight_rules(level: str, backend: str, arena: WeightArena | None) -> BranchRules:
@@ -212,16 +217,6 @@ def _branch_weight_rules(level: str, backend: str, arena: WeightArena | None) ->
         return found
 
     return rules
-
-
-def _drop_hoisted(graph: Graph, release: dict | None) -> None:
-    """The outer initializers no If captures any more since its branches hold them: no
-    row (their bytes live on in the branches, or the branches' rows account for them)."""
-    read = read_values(graph)
-    for vid in [v for v in graph.initializers if v not in read]:
-        del graph.initializers[vid]
-        if release is not None:
-            release.pop(vid, None)
 
 
 def _drop_dead_nodes(graph: Graph) -> list[Rewrite]:

@@ -3,15 +3,16 @@
 The weight rules (sibling fusion, padding, column-major layout, huge pages) run once
 per If branch (`branch_weights`), and optimum's two branches read the very same weight
 arrays and rewrite them alike: without this each branch would hold its own copy of
-every rewritten weight. While `sharing_weights()` is in effect a rule asks `reuse(key,
-sources)` before it makes a weight and hands what it made to `keep(key, sources, made)`:
-the key names the rule and its parameters, the sources are the arrays it read (held
-until the context ends, so that their ids keep naming them). Outside it, both do nothing.
+every rewritten weight. While `sharing_weights()` is in effect a rule makes a weight
+through `once(key, sources, make, *args)`: the key names the rule and its parameters, the
+sources are the arrays it reads (held until the context ends, so that their ids keep
+naming them); `made_before` says whether `once` would hand back an earlier result.
+Outside the context `once` just calls `make(*args)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -29,18 +30,18 @@ def sharing_weights() -> Iterator[None]:
         _MADE.reset(token)
 
 
-def reuse(key: tuple, sources: tuple) -> Any | None:
-    """What a rule made before from these very `sources` under `key`, else None."""
+def once(key: tuple, sources: tuple, make: Callable[..., T], *args: Any) -> T:
+    """What `make(*args)` made from these very `sources` under `key` earlier in this
+    context (the other If branch's), else `make(*args)`, remembered."""
     made = _MADE.get()
     if made is None:
-        return None
-    hit = made.get((key, tuple(map(id, sources))))
-    return None if hit is None else hit[1]
+        return make(*args)
+    at = (key, tuple(map(id, sources)))
+    if at not in made:
+        made[at] = (sources, make(*args))
+    return made[at][1]
 
 
-def keep(key: tuple, sources: tuple, result: T) -> T:
-    """`result`, remembered as made from `sources` under `key` (while sharing)."""
+def made_before(key: tuple, sources: tuple) -> bool:
     made = _MADE.get()
-    if made is not None:
-        made[(key, tuple(map(id, sources)))] = (sources, result)
-    return result
+    return made is not None and (key, tuple(map(id, sources))) in made
