@@ -11,6 +11,7 @@ KERNEL_MODULES = (
     "reduce", "linalg", "softmax", "normalization",
     "control_flow", "legacy",
     "contrib", "contrib_gather_quant", "fused_attention",
+    "quantize",
 )
 
 for _name in KERNEL_MODULES:

@@ -56,19 +56,25 @@ def compute_dtype(dtype: Any) -> np.dtype:
     return F64 if np.dtype(dtype) == F64 else F32
 
 
-def out_dtype(info: NodeInfo, index: int = 0, input_index: int = 0) -> np.dtype:
-    """The declared dtype of output `index`, else that of input `input_index`."""
+def out_dtype(info: NodeInfo, index: int = 0, input_index: int = 0) -> np.dtype | None:
+    """The declared dtype of output `index`, else that of input `input_index`; None when
+    neither is known at build time (the kernel then takes its input's runtime dtype:
+    `emit(..., like=x)`, never a float32 default)."""
     if index < len(info.output_dtypes) and info.output_dtypes[index] is not None:
         return np.dtype(info.output_dtypes[index])
     if input_index < len(info.input_dtypes) and info.input_dtypes[input_index] is not None:
         return np.dtype(info.input_dtypes[input_index])
-    return F32
+    return None
 
 
-def emit(out: Any, value: Any, dtype: np.dtype) -> Any:
+def emit(out: Any, value: Any, dtype: np.dtype | None, like: Any = None) -> Any:
     """Write `value` into the preallocated `out` (casting), or return it as a contiguous
-    array of `dtype` (never a view of an input: callers pass computed values)."""
+    array of `dtype` (never a view of an input: callers pass computed values). A `dtype`
+    unknown at build time (None) is `like`'s runtime dtype (the input the output follows),
+    else `value`'s."""
     if out is None:
+        if dtype is None:
+            dtype = like.dtype if like is not None else value.dtype
         value = value.astype(dtype, copy=False)
         return value if value.flags.c_contiguous else value.copy()
     if tuple(out.shape) != tuple(value.shape):
@@ -117,7 +123,7 @@ def build_fast_gelu(info: NodeInfo) -> KernelFn:
             v = v + bias.astype(ct)
         inner = v * (ct.type(_SQRT_2_OVER_PI) + ct.type(_SQRT_2_OVER_PI * _GELU_CUBIC) * v * v)
         y = ct.type(0.5) * v * (ct.type(1.0) + xp.tanh(inner))
-        return (emit(outs[0], y, dtype),)
+        return (emit(outs[0], y, dtype, like=x),)
 
     return run
 
@@ -128,19 +134,22 @@ def build_ms_gelu(info: NodeInfo) -> KernelFn:
     it below opset 20, where the default-domain Gelu does not exist yet)."""
     from .elementwise import _erf_function  # noqa: PLC0415 - the backend's erf, shared
 
-    erf = _erf_function(info.xp)
+    xp = info.xp
+    erf = _erf_function(xp)
     dtype = out_dtype(info)
 
     def run(inputs: list, outs: list) -> tuple:
         x = inputs[0]
         ct = compute_dtype(x.dtype)
-        v = x.astype(ct)
-        t = v * ct.type(_SQRT_HALF)
+        # into an array of its own: on a 0-d value `v * c` is a numpy scalar, which
+        # erf(t, out=t) refuses
+        t = xp.empty(x.shape, dtype=ct)
+        xp.multiply(x, ct.type(_SQRT_HALF), out=t, casting="unsafe")
         erf(t, out=t)
         t += ct.type(1.0)
-        t *= v
+        t *= x
         t *= ct.type(0.5)
-        return (emit(outs[0], t, dtype),)
+        return (emit(outs[0], t, dtype, like=x),)
 
     return run
 
@@ -175,7 +184,7 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
         # a sigmoid that does not overflow for large |z|
         e = xp.exp(-xp.abs(z))
         sig = xp.where(z >= 0, ct.type(1.0) / (ct.type(1.0) + e), e / (ct.type(1.0) + e))
-        return (emit(outs[0], v * sig, dtype),)
+        return (emit(outs[0], v * sig, dtype, like=x),)
 
     def replay_form(inputs: list, outs: list) -> Any:
         """The four passes on these arrays, where the output is preallocated in x's dtype."""
@@ -190,4 +199,4 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
 
 
 # Registering the other contrib families (they import the helpers above).
-from . import contrib_attention, contrib_norm, contrib_quant  # noqa: E402,F401
+from . import contrib_attention, contrib_fused, contrib_norm, contrib_qlinear, contrib_quant  # noqa: E402,F401

@@ -160,7 +160,7 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
         else:
             xr = x.reshape(batch, seq, n_heads, head_size).astype(ct, copy=False)
             y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
-        return (emit(outs[0], y.reshape(x.shape), dtype),)
+        return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
 
     return run
 
@@ -206,7 +206,7 @@ def build_rotary_embedding(info: NodeInfo) -> KernelFn:
         else:
             xr = x.reshape(batch, seq, num_heads, head_size).astype(ct, copy=False)
             y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
-        return (emit(outs[0], y.reshape(x.shape), dtype),)
+        return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
 
     return run
 
@@ -840,7 +840,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
         attn = xp.matmul(probs, v_cache[:, :, None])  # [B, KV, G, S, H]
         attn = attn.reshape(batch, num_heads, seq, head_size).transpose(0, 2, 1, 3)
-        results: list = [emit(outs[0], attn.reshape(batch, seq, num_heads * head_size), dtype)]
+        results: list = [emit(outs[0], attn.reshape(batch, seq, num_heads * head_size), dtype, like=query)]
 
         if want_present:
             written = slots < start_b[:, None]
@@ -871,7 +871,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             else:
                 pad = xp.zeros(qk.shape[:-1] + (qk_len - work_len,), dtype=ct)
                 qk = xp.concatenate([qk, pad], axis=-1)
-            results[3] = emit(outs[3], qk, dtype)
+            results[3] = emit(outs[3], qk, dtype, like=query)
         return results
 
     def run(inputs: list, outs: list) -> list:
@@ -1000,7 +1000,7 @@ def build_attention(info: NodeInfo) -> KernelFn:
         y = y.reshape(batch, n_q, seq, y.shape[-1])
         if three_d:
             y = y.transpose(0, 2, 1, 3).reshape(batch, seq, -1)
-        results: list = [emit(outs[0], y, dtype)]
+        results: list = [emit(outs[0], y, dtype, like=q_in)]
         if n_out > 1:
             results.append(emit(outs[1], present_k, out_dtype(info, 1)) if _want(info, outs, 1)
                            else None)

@@ -211,6 +211,6 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
             y = xp.matmul(a32, wt)
         if bias is not None:
             y = y + bias.astype(F32, copy=False)
-        return (emit(outs[0], y, dtype),)
+        return (emit(outs[0], y, dtype, like=a),)
 
     return run

@@ -16,6 +16,7 @@ Semantics follow the ONNX spec and onnx.reference:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -112,7 +113,19 @@ def relu(info: NodeInfo) -> KernelFn:
 def div(info: NodeInfo) -> KernelFn:
     xp = info.xp
     dtype = info.input_dtypes[0]
-    if dtype in FLOATS or dtype is None:
+    if dtype is None:
+        # unknown at build time (shape inference stopped early): Div's semantics depend on
+        # the dtype (integer division truncates), so the runtime dtype picks the kernel
+        built: dict[Any, KernelFn] = {}
+
+        def run_any(inputs: list, outs: list) -> tuple:
+            dt = inputs[0].dtype
+            fn = built.get(dt)
+            if fn is None:
+                fn = built[dt] = div(dataclasses.replace(info, input_dtypes=(dt,) + tuple(info.input_dtypes[1:])))
+            return fn(inputs, outs)
+        return run_any
+    if dtype in FLOATS:
         return _ufunc_builder("true_divide")(info)
     if dtype in UNSIGNED_INTS:
         return _ufunc_builder("floor_divide")(info)  # floor == trunc without negatives

@@ -72,6 +72,6 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
             y = y.reshape(y.shape[0], heads, seq, y.shape[-1])
         else:
             y = xp.matmul(masked, _repeat_heads(xp, v, repeat))
-        return (emit(outs[0], y, dtype),)
+        return (emit(outs[0], y, dtype, like=q),)
 
     return run

@@ -163,10 +163,13 @@ def _range_values(xp: Any, start: Any, limit: Any, delta: Any, dtype: np.dtype,
 def range_(info: NodeInfo) -> KernelFn:
     xp = info.xp
     known = [dt for dt in (info.input_dtypes[0], info.output_dtypes[0]) if dt is not None]
-    dtype = np.dtype(known[0]) if known else F32  # np.dtype is falsy: no `or` chains
-    compute = _range_compute_dtype(info, dtype)
+    # np.dtype is falsy: no `or` chains; unknown at build time (a model whose shape
+    # inference stopped early): the inputs' runtime dtype, never a float32 default
+    static_dtype = np.dtype(known[0]) if known else None
     consts = info.constant_inputs
     if all(p in consts for p in (0, 1, 2)):
+        dtype = static_dtype if static_dtype is not None else np.asarray(consts[0]).dtype
+        compute = _range_compute_dtype(info, dtype)
         value = _range_values(xp, *(_scalar(consts[p]) for p in (0, 1, 2)), dtype, compute)
 
         def run_static(inputs: list, outs: list) -> tuple:
@@ -174,7 +177,8 @@ def range_(info: NodeInfo) -> KernelFn:
         return run_static
 
     def run(inputs: list, outs: list) -> tuple:
-        value = _range_values(xp, *(_scalar(x) for x in inputs), dtype, compute)
+        dtype = static_dtype if static_dtype is not None else inputs[0].dtype
+        value = _range_values(xp, *(_scalar(x) for x in inputs), dtype, _range_compute_dtype(info, dtype))
         out = outs[0]
         if out is None:
             return (value,)
