@@ -7,6 +7,7 @@ executor never touches numpy or CuPy memory APIs directly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,6 +43,13 @@ class Backend(Protocol):
 
     def synchronize(self) -> None:
         """Wait for queued device work to finish."""
+
+    def work_scope(self) -> AbstractContextManager:
+        """The context every piece of this backend's device work is issued in. On CUDA
+        it makes the backend's stream the current one: CuPy launches each kernel on the
+        current stream, and each session has a stream of its own, so without it one
+        session's kernels land on whichever stream another session made current last
+        (work a capture of this session would not record, and its syncs not wait for)."""
 
     #: a zero-argument clock in seconds whose differences are what `stop_timer` would
     #: give (a host backend's wall clock), or None where timing takes the backend's

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import time
 
 import numpy as np
+
+_NO_SCOPE = contextlib.nullcontext()
 
 
 class CpuGraph:
@@ -45,6 +48,9 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         return None
+
+    def work_scope(self) -> contextlib.nullcontext:
+        return _NO_SCOPE  # numpy has no streams: work runs where it is called
 
     #: the timers are the host's wall clock: an eager node's time is two reads of
     #: `host_clock` (the executor calls it directly, a C function, where a traced step

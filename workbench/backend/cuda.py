@@ -53,9 +53,10 @@ class CudaBackend:
 
         self.cp = cupy
         self.xp = cupy
-        # capture is refused on the legacy default stream: all work goes to our own
+        # capture is refused on the legacy default stream: all work goes to our own,
+        # made current only inside `work_scope` (never for the whole thread: another
+        # session, or the user's own CuPy code, has a current stream of its own)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.stream.use()
         self._default_allocator = cupy.cuda.get_allocator()
 
     # -- memory ---------------------------------------------------------------------
@@ -95,7 +96,7 @@ class CudaBackend:
         if not isinstance(dst, self.cp.ndarray):
             dst[...] = src
             return dst
-        src = np.ascontiguousarray(src, dtype=dst.dtype)
+        src = np.asarray(src, dtype=dst.dtype, order="C")  # ascontiguousarray would make a 0-d value 1-d
         if src.shape != dst.shape:
             src = np.broadcast_to(src, dst.shape).copy()
         if dst.flags.c_contiguous:
@@ -106,6 +107,11 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def work_scope(self) -> Any:
+        # cupy's Stream is a context manager: current on entry, the previous one restored
+        # on exit (stream.pyx __enter__ / __exit__)
+        return self.stream
 
     def start_timer(self) -> Any:
         if self.stream.is_capturing():  # nothing runs while recording; events cannot sync
@@ -126,6 +132,13 @@ class CudaBackend:
     # -- device graphs --------------------------------------------------------------
 
     def begin_capture(self) -> CudaGraph:
+        current = self.cp.cuda.get_current_stream()
+        if current is not self.stream and getattr(current, "ptr", None) != self.stream.ptr:
+            # a capture in relaxed mode (CuPy's default) lets kernels issued on another
+            # stream run eagerly, unrecorded: the graph would replay nothing
+            raise RuntimeError(
+                "begin_capture outside the backend's work_scope: the current CUDA stream is not the "
+                "session's own, so its kernels would not be recorded")
         pool = self.cp.cuda.MemoryPool()
         self.cp.cuda.set_allocator(pool.malloc)
         try:

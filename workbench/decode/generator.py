@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -90,6 +91,7 @@ class Generator:
         #: host -> device staging: a device array is written with the backend's H2D copy
         #: (CuPy's `buf[...] = host` is a fill, which rejects non-scalar host arrays)
         self._backend = session.backend if is_workbench_session(session) else None
+        self._work_scope = self._backend.work_scope() if self._backend is not None else contextlib.nullcontext()
         self._ran: Any = session  # the session of the latest step (its recording gets the token)
 
     @classmethod
@@ -160,14 +162,16 @@ class Generator:
                 "lower max_new_tokens or max_length"
             )
         shared = mode == "fixed" and self.supports_shared_buffer
-        cache = _KvCache(self.interface, mode, shared, max_length, self.xp, self._backend)
         result = GenerationResult(prompt, [], [], mode, shared, False)
         budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
-        try:
-            self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar, on_token)
-        finally:
-            bar.close()
+        # the cache and staged feeds are written on the session's stream, in order with its kernels
+        with self._work_scope:
+            cache = _KvCache(self.interface, mode, shared, max_length, self.xp, self._backend)
+            try:
+                self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar, on_token)
+            finally:
+                bar.close()
         return result
 
     def _decode(self, result: GenerationResult, cache: _KvCache, budget: int, eos: int | None,

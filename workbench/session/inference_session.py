@@ -55,7 +55,8 @@ class InferenceSession:
             # the loaded graph stays for its structure (what the rewrites replaced); its
             # weights would only hold memory the rewritten ones have taken over
             self.loaded_graph.initializers = {}
-        self.executor = Executor(self.graph, self.backend, options=self.options)
+        with self.backend.work_scope():  # weights go to the device on the session's stream
+            self.executor = Executor(self.graph, self.backend, options=self.options)
         #: the live Recording of every run (None when `options.trace` is off)
         self.recording: Recording | None = None
         if self.options.trace:
@@ -84,24 +85,26 @@ class InferenceSession:
                 raise InputError(
                     f"unknown output {name!r}; the model's outputs are {sorted(self._output_ids)}"
                 )
-        feeds = self._check_inputs(input_feed)
         ro = run_options or RunOptions()
-        self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
-        return [self._output(self._output_ids[n]) for n in names]
+        with self.backend.work_scope():
+            feeds = self._check_inputs(input_feed)
+            self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
+            return [self._output(self._output_ids[n]) for n in names]
 
     def io_binding(self) -> IOBinding:
         return IOBinding(self)
 
     def run_with_iobinding(self, binding: IOBinding, run_options: RunOptions | None = None) -> None:
         """Run with bound inputs; bound output arrays are written in place."""
-        feeds = self._check_inputs(binding.inputs)
         caller_outputs = {self._output_ids[n]: a for n, a in binding.outputs.items() if a is not None}
         ro = run_options or RunOptions()
-        self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
-        binding._results = {
-            name: (array if array is not None else self._output(self._output_ids[name]))
-            for name, array in binding.outputs.items()
-        }
+        with self.backend.work_scope():
+            feeds = self._check_inputs(binding.inputs)
+            self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
+            binding._results = {
+                name: (array if array is not None else self._output(self._output_ids[name]))
+                for name, array in binding.outputs.items()
+            }
 
     # -- introspection --------------------------------------------------------------------
 
