@@ -615,8 +615,13 @@ class ndarray:  # noqa: N801 - CuPy's name
             # mask's count, read on the host (a D2H copy and a sync)
             _forbid_during_capture("D2H transfers (boolean-mask indexing sizes its result on the host)")
         if _basic(key):
-            # an integer index gives a 0-d device view, never a numpy scalar
-            key = (key if type(key) is tuple else (key,)) + (Ellipsis,)
+            # an integer index gives a 0-d device view, never a numpy scalar:
+            # _routines_indexing.pyx `_view_getitem` appends an Ellipsis to the
+            # index only where it has none (a second one is its "an index can only have
+            # a single ellipsis" IndexError), and numpy returns a 0-d view for such a key
+            keys = key if type(key) is tuple else (key,)
+            if not any(k is Ellipsis for k in keys):
+                key = keys + (Ellipsis,)
         return call(_getitem, (self, key), {}, strict=False)
 
     def __setitem__(self, key: Any, value: Any) -> None:

@@ -35,6 +35,13 @@ class IOBinding:
             value = self._session.graph.values[self._session._output_ids[name]]
             if value.dtype is not None and array.dtype != value.dtype:
                 raise InputError(f"output {name!r} is {value.dtype}, cannot bind a {array.dtype} array")
+            backend = self._session.backend
+            if not backend.buffers_are_host and isinstance(array, np.ndarray) \
+                    and not isinstance(backend.from_host(np.empty(0, array.dtype)), np.ndarray):
+                # kernels write a bound output in place, on the device: a host array cannot be one
+                raise InputError(f"output {name!r}: backend={backend.name!r} writes bound outputs in place on "
+                                 f"the device; bind a device array ({backend.xp.__name__}.ndarray), or bind "
+                                 "no array and read the session's with get_outputs()")
         self.outputs[name] = array
 
     def clear_binding_inputs(self) -> None:
