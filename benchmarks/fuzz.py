@@ -1,9 +1,10 @@
 """Long differential fuzzing campaigns: random multi-step programs on the workbench vs
 onnxruntime, without hypothesis's example limit.
 
-    python benchmarks/fuzz.py --cases 5000 --seed 0 --out fuzz-failures
+    python benchmarks/fuzz.py --cases 5000 --seed 0 --out fuzz-failures [--backend draw|cpu|cuda]
 
-Case k uses seed S+k, so `--cases 1 --seed S+k` reruns one case. Every failure is
+Each case runs on the CPU backend or on backend="cuda" (the device double), drawn per
+case unless --backend fixes it. Case k uses seed S+k, so `--cases 1 --seed S+k` reruns one case. Every failure is
 shrunk (greedy delta debugging over the program description) and written to
 OUT/seed<k>/ as model.onnx + inputs.npz + case.json (switches, slot schedule, steps,
 failing step / output, max abs error); `tests/fuzz/test_fuzz_regressions.py` replays
@@ -31,15 +32,17 @@ def _signature(failure) -> str:
     return "mismatch"
 
 
-def run_one(seed: int, out: Path | None, shrink_s: float) -> tuple[str, str | None]:
-    """('ok' | 'fail' | 'invalid', a line to print or None)."""
-    prog = generate(RandomDraw(seed))
+def run_one(seed: int, out: Path | None, shrink_s: float,
+            backend: str | None = None) -> tuple[str, str | None, str]:
+    """('ok' | 'fail' | 'invalid', a line to print or None, the backend the case ran on)."""
+    prog = generate(RandomDraw(seed), backend=backend)
+    ran_on = prog.options["backend"]
     try:
         failure = run_case(case_from_program(prog))
     except OracleError as e:
-        return "invalid", f"seed {seed}: generator emitted an invalid program: {e}"
+        return "invalid", f"seed {seed}: generator emitted an invalid program: {e}", ran_on
     if failure is None:
-        return "ok", None
+        return "ok", None, ran_on
     line = f"seed {seed}: {failure.describe()}\n    {prog.summary()}"
     if out is not None:
         small, small_failure = shrink(prog, failure, budget_s=shrink_s)
@@ -47,7 +50,7 @@ def run_one(seed: int, out: Path | None, shrink_s: float) -> tuple[str, str | No
                            {"seed": seed, "program": small.summary()})
         line += f"\n    shrunk to {len(small.ops)} ops / {small.steps} steps -> {folder}\n    " \
                 f"{small.summary()}\n    {small_failure.describe()}"
-    return "fail", line
+    return "fail", line, ran_on
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,14 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write shrunk failing cases here")
     ap.add_argument("--shrink-seconds", type=float, default=60.0, help="time budget to shrink one failure")
     ap.add_argument("--progress", type=int, default=200, help="print a progress line every N cases")
+    ap.add_argument("--backend", choices=("draw", "cpu", "cuda"), default="draw",
+                    help="where cases run: drawn per case (default), the CPU backend, or backend='cuda' "
+                         "(the device double; WORKBENCH_CUDA_DOUBLE=0 for CuPy on a GPU)")
     args = ap.parse_args(argv)
+    backend = None if args.backend == "draw" else args.backend
+    backends: Counter = Counter()
     counts: Counter = Counter()
     buckets: Counter = Counter()
     t0 = time.perf_counter()
     for k in range(args.cases):
         seed = args.seed + k
-        status, line = run_one(seed, args.out, args.shrink_seconds)
+        status, line, ran_on = run_one(seed, args.out, args.shrink_seconds, backend)
         counts[status] += 1
+        backends[ran_on] += 1
         if line:
             print(line, flush=True)
             buckets[line.splitlines()[0].split(": ", 1)[1].split(" at ")[0]] += 1
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{k + 1}/{args.cases}] {dict(counts)} {rate:.1f} cases/s", flush=True)
     elapsed = time.perf_counter() - t0
     print(f"done: {args.cases} cases in {elapsed:.1f}s ({args.cases / elapsed:.1f} cases/s, shrinking "
-          f"included): {dict(counts)}; failures by kind: {dict(buckets)}")
+          f"included): {dict(counts)}; by backend: {dict(backends)}; failures by kind: {dict(buckets)}")
     return 1 if counts["fail"] or counts["invalid"] else 0
 
 

@@ -11,19 +11,23 @@ output it is updated into. The oracle always runs on copies of that step's input
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
 import workbench
+from workbench.backend import CUDA_DOUBLE_ENV
 
 from .programs import SWITCHES, Program, build_model, without_op, without_output
 
@@ -104,7 +108,25 @@ def workbench_session(case: Case) -> workbench.InferenceSession:
     level = "all" if case.options.get("graph_optimization", True) else "disabled"
     opts = workbench.SessionOptions(**switches, trace=bool(case.options.get("trace", False)),
                                     decode_memo_verify=False, shadow="off", graph_optimization_level=level)
-    return workbench.InferenceSession(case.model.SerializeToString(), options=opts)
+    backend = case.options.get("backend", "cpu")
+    with _cuda_double() if backend == "cuda" else contextlib.nullcontext():
+        return workbench.InferenceSession(case.model.SerializeToString(), options=opts, backend=backend)
+
+
+@contextlib.contextmanager
+def _cuda_double():
+    """backend="cuda" on the device-discipline double (tests/cuda_double, importable
+    from the tests folder), unless the run says WORKBENCH_CUDA_DOUBLE=0: then on CuPy
+    and a real GPU (tools/gpu_check.sh)."""
+    before = os.environ.get(CUDA_DOUBLE_ENV)
+    os.environ[CUDA_DOUBLE_ENV] = "0" if before == "0" else "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[CUDA_DOUBLE_ENV]
+        else:
+            os.environ[CUDA_DOUBLE_ENV] = before
 
 
 def _declared_shapes(model: onnx.ModelProto) -> dict[str, list]:
@@ -137,14 +159,20 @@ def compare(actual, expected: np.ndarray) -> tuple[float, str] | None:
 
 
 class _Runner:
-    """One workbench session driven step by step, ORT-style (`run`) or via io binding."""
+    """One workbench session driven step by step, ORT-style (`run`) or via io binding.
+
+    On a device backend, io binding binds device arrays, as a GPU user does: each input
+    has one device array for the whole case, refilled from the host every step (stable
+    address, new contents), and a fixed output one device array the session writes."""
 
     def __init__(self, case: Case, outputs: list[str], fixed: dict[str, list]):
         self.case = case
         self.session = workbench_session(case)
+        self.backend = self.session.backend
         self.outputs = outputs
         self.fixed = fixed  # outputs of a fixed declared shape: bound to one array for every step
-        self.bound: dict[str, np.ndarray] = {}
+        self.bound: dict[str, Any] = {}
+        self.device: dict[str, Any] = {}  # input name -> its device array (device backends only)
         self.binding = self.session.io_binding() if case.iobinding else None
 
     def run(self, step: int, arrays: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict:
@@ -153,20 +181,35 @@ class _Runner:
             got = self.session.run(self.outputs, arrays, ro)
             return dict(zip(self.outputs, got))
         b = self.binding
-        for name, arr in arrays.items():
+        bound_in = arrays if self.backend.buffers_are_host else self._on_device(step, arrays)
+        for name, arr in bound_in.items():
             b.bind_input(name, arr)
         aliased_out = {o: i for i, o in self.case.aliased.items()}
         for name in self.outputs:
             if name in aliased_out:
-                b.bind_output(name, arrays[aliased_out[name]])
+                b.bind_output(name, bound_in[aliased_out[name]])
             elif name in self.fixed:
                 if name not in self.bound:  # allocated once: the same array every step
-                    self.bound[name] = np.zeros(expected[name].shape, expected[name].dtype)
+                    self.bound[name] = self.backend.from_host(np.zeros(expected[name].shape, expected[name].dtype))
                 b.bind_output(name, self.bound[name])
             else:
                 b.bind_output(name)
         self.session.run_with_iobinding(b, ro)
-        return dict(zip(b.outputs, b.get_outputs()))
+        got = dict(zip(b.outputs, b.get_outputs()))
+        if self.backend.buffers_are_host:
+            return got
+        for inp in self.case.aliased:  # the state the device updated in place, for the oracle's next step
+            arrays[inp][...] = self.backend.to_host(bound_in[inp])
+        return {name: self.backend.to_host(arr) for name, arr in got.items()}
+
+    def _on_device(self, step: int, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        for name, host in arrays.items():
+            dev = self.device.get(name)
+            if dev is None or dev.shape != host.shape:  # a growing fed-back input moves, as on the host
+                self.device[name] = self.backend.from_host(np.array(host))
+            elif not (step > 0 and name in self.case.aliased):  # an aliased state stays where the device wrote it
+                self.backend.copy_from_host(dev, host)
+        return self.device
 
 
 def run_case(case: Case) -> Failure | None:
@@ -275,7 +318,10 @@ def shrink(prog: Program, failure: Failure, budget_s: float = 60.0,
         if failure.step >= 0 and prog.steps > failure.step + 1:
             progress |= attempt(_edit(prog, steps=failure.step + 1))
         for name in list(prog.options):
-            if prog.options[name]:
+            if name == "backend":  # a failure that stays on the CPU backend is the simpler one
+                if prog.options[name] != "cpu":
+                    progress |= attempt(_edit(prog, options={**prog.options, name: "cpu"}))
+            elif prog.options[name]:
                 progress |= attempt(_edit(prog, options={**prog.options, name: False}))
         if len(set(prog.slots[:prog.steps])) > 1:  # one slot, primary preferred
             progress |= attempt(_edit(prog, slots=["primary"] * prog.steps)) or \

@@ -29,6 +29,9 @@ INT_MAX = 2**31 - 1
 #: operands above this magnitude are not fed to ops that multiply (keeps fp32 well-conditioned)
 BIG = 20.0
 SWITCHES = ("capture", "decode_memo", "view_plan", "views", "compute_in_place", "release_dead_values")
+#: where a case runs: the numpy backend, or backend="cuda" on the device-discipline double
+#: (tests/cuda_double: CUDA's record-only capture, CuPy's host/device rules)
+BACKENDS = ("cpu", "cuda")
 SCHEDULES = ("primary", "verify", "alternate", "blocks", "random")
 
 _DTYPES = {"f": TensorProto.FLOAT, "i": TensorProto.INT64, "b": TensorProto.BOOL}
@@ -124,9 +127,9 @@ class Program:
 
     def summary(self) -> str:
         ops = ", ".join(f"{op.kind}{'/' + op.attrs['op'] if 'op' in op.attrs else ''}" for op in self.ops)
-        on = [k for k, v in self.options.items() if v]
+        on = [k for k, v in self.options.items() if v is True]
         return (f"{len(self.ops)} ops [{ops}], {self.steps} steps, slots={''.join(s[0] for s in self.slots[:self.steps])}, "
-                f"iobinding={self.iobinding}, on={on}")
+                f"iobinding={self.iobinding}, backend={self.options.get('backend', 'cpu')}, on={on}")
 
 
 # -- shape helpers ------------------------------------------------------------------------
@@ -161,8 +164,9 @@ def _factors(n: int) -> list[int]:
 class _Gen:
     """Builds one Program from a Draw; every `_op_*` returns an Op or None (no operand fits)."""
 
-    def __init__(self, draw: RandomDraw):
+    def __init__(self, draw: RandomDraw, backend: str | None = None):
         self.d = draw
+        self.backend = backend
         self.rng = np.random.default_rng(draw.int(0, 2**31 - 1))
         self.steps = draw.int(6, 9)
         self.n = 0
@@ -247,6 +251,8 @@ class _Gen:
         prog = Program(self.inputs, self.ops, outputs, self.steps, options, [],
                        iobinding, feedback, aliased, self.sym_range)
         prog.slots = schedule(self.d.choice(SCHEDULES), self.steps, self.d)
+        # drawn last, so that a seed's program is the one it was before backends were drawn
+        prog.options["backend"] = self.backend or self.d.choice(BACKENDS)
         return prune(prog)
 
     def _random_dims(self) -> tuple:
@@ -748,8 +754,9 @@ def schedule(kind: str, steps: int, draw: RandomDraw) -> list[str]:
     return [draw.choice(("primary", "verify")) for _ in range(steps)]
 
 
-def generate(draw: RandomDraw) -> Program:
-    return _Gen(draw).generate()
+def generate(draw: RandomDraw, backend: str | None = None) -> Program:
+    """A random program; `backend` fixes where it runs (else it is drawn from BACKENDS)."""
+    return _Gen(draw, backend).generate()
 
 
 # -- editing (the shrinker's moves) --------------------------------------------------------
