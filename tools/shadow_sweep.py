@@ -1,6 +1,10 @@
-"""Shadow-verify every built-in model under every combination of the six switches.
+"""Shadow-verify every built-in model under every combination of the six switches, on
+both backends.
 
-    python tools/shadow_sweep.py [--tokens N]
+    python tools/shadow_sweep.py [--tokens N] [--backend cpu|cuda|both]
+
+backend="cuda" runs on CuPy where a GPU is, else on the device-discipline double
+(tests/cuda_double: capture records without running, no implicit host<->device copy).
 
 Each (model, switches, KV mode, greedy or speculative) decodes with
 `shadow="raise"`: every step a mechanism served is re-run eagerly and compared
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,50 +27,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from builtin_models import BUILT_IN, PROMPT  # noqa: E402
 
 import workbench  # noqa: E402
-from workbench import Generator, MechanismDivergenceError, SessionOptions  # noqa: E402
+from workbench import Generator, MechanismDivergenceError, SessionOptions, WorkbenchError  # noqa: E402
+from workbench.backend import CUDA_DOUBLE_ENV  # noqa: E402
 
 SWITCHES = ("capture", "decode_memo", "view_plan", "views", "compute_in_place", "release_dead_values")
 REPEATING = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # prompt lookup finds drafts here
 
 
-def decode(model, options, tokens, kv, speculative):
-    session = workbench.InferenceSession(model, options=options)
+def decode(model, options, tokens, kv, speculative, backend="cpu"):
+    session = workbench.InferenceSession(model, options=options, backend=backend)
     prompt = REPEATING if speculative else PROMPT
     result = Generator(session).generate(prompt, tokens, progress=False, eos_token_id=-1, kv=kv,
                                          speculative=speculative)
     return result.tokens, session
 
 
+def _use_double_without_gpu() -> None:
+    try:
+        import cupy
+
+        if cupy.cuda.is_available():
+            return
+    except Exception:  # noqa: BLE001 - no CuPy, or no driver
+        pass
+    os.environ.setdefault(CUDA_DOUBLE_ENV, "1")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--backend", choices=("cpu", "cuda", "both"), default="both")
     args = parser.parse_args()
+    backends = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
+    if "cuda" in backends:
+        _use_double_without_gpu()
     failures = checked_steps = runs = 0
     t0 = time.perf_counter()
-    for name, build in BUILT_IN.items():
+    for backend, (name, build) in itertools.product(backends, BUILT_IN.items()):
         model = build().SerializeToString()
         model_failures = 0
         for kv, speculative in itertools.product(("growing", "fixed"), (0, 3)):
             eager = SessionOptions(capture=False, decode_memo=False, views=False, compute_in_place=False,
                                    view_plan=False, decode_memo_verify=False)
-            reference, _ = decode(model, eager, args.tokens, kv, speculative)
+            reference, _ = decode(model, eager, args.tokens, kv, speculative)  # the CPU backend, all eager
             for values in itertools.product((False, True), repeat=len(SWITCHES)):
                 combo = dict(zip(SWITCHES, values))
                 options = SessionOptions(shadow="raise", decode_memo_verify=False, **combo)
                 runs += 1
+                where = f"{backend} {name} kv={kv} speculative={speculative} {combo}"
                 try:
-                    tokens, session = decode(model, options, args.tokens, kv, speculative)
+                    tokens, session = decode(model, options, args.tokens, kv, speculative, backend)
                 except MechanismDivergenceError as error:
-                    print(f"DIVERGENCE {name} kv={kv} speculative={speculative} {combo}: {error}")
+                    print(f"DIVERGENCE {where}: {error}")
+                    model_failures += 1
+                    continue
+                except WorkbenchError as error:
+                    print(f"ERROR {where}: {type(error).__name__}: {error}")
                     model_failures += 1
                     continue
                 checked_steps += len(session.recording.shadow_checks())
                 if tokens != reference:
-                    print(f"TOKENS DIFFER {name} kv={kv} speculative={speculative} {combo}")
+                    print(f"TOKENS DIFFER {where}")
                     model_failures += 1
         failures += model_failures
-        print(f"{name:18s} {model_failures} failing of {4 * 2 ** len(SWITCHES)} decodes")
-    print(f"{runs} decodes, {checked_steps} shadow-checked steps, {failures} failures, "
+        print(f"{backend:4s} {name:18s} {model_failures} failing of {4 * 2 ** len(SWITCHES)} decodes", flush=True)
+    print(f"{runs} decodes on {'+'.join(backends)}, {checked_steps} shadow-checked steps, {failures} failures, "
           f"{time.perf_counter() - t0:.0f} s")
     return 1 if failures else 0
 

@@ -11,6 +11,28 @@ A kernel that performs a host read while being recorded raises
 `CaptureViolation`: its op type is quarantined for the executor, the step is
 re-run eagerly (so it still completes correctly) and the next steady step
 re-segments with that op as a seam.
+
+The capture rule (`Backend.capture_executes_work`): on CUDA a capture step records
+and computes nothing, so nothing may read, while a segment is recorded, what only
+running it would produce. Everything the capture step relies on either comes from an
+eager step or makes its node a seam with a reason:
+
+- values a later seam reads: each segment is launched right after it is recorded
+  (`_capture`), before the next seam runs;
+- output shapes: a captured node writes a preallocated buffer whose shape the step's
+  resolution gave; one sized just in time declines (`unresolved_shape`,
+  `data_dependent_shape`);
+- host reads of values: the kernel declines (`host_read`) unless every value it reads
+  is a validated shape-fold value (`baked`: host copies taken at an eager rebuild step
+  and checked at an eager replay; `run_step` does not capture while a fold awaits its
+  check), and a read anyway raises `CaptureViolation` (quarantine);
+- view geometry (`observed_views`), the Stage-2 guard (`_param_keys`: fold values'
+  host twins inside segments), memo verification: addresses, shapes and strides,
+  which a recorded launch has as a real one does;
+- the shadow check, bound-output copies and the caller's outputs: after the step,
+  after every launch; node timings while recording: the host clock, events cannot sync;
+- the stream: every kernel is issued inside the session's `Backend.work_scope`, so on
+  the stream that records (`CudaBackend.begin_capture` refuses to start elsewhere).
 """
 
 from __future__ import annotations
@@ -160,7 +182,7 @@ class CaptureRunner:
                     run_nodes(seg.nodes, graph=graph)
                 graph = backend.end_capture(graph)
                 backend_graph = None
-                if not backend.capture_executes_work:
+                if not backend.capture_executes_work:  # the capture rule above: run what was recorded
                     backend.launch(graph)
                 outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
