@@ -13,8 +13,9 @@ Arithmetic as onnxruntime's CPU kernels (MLAS) do it, pinned by
 - QGemm: ``acc = (A' - a_zp) @ (B' - b_zp) + C`` (C int32, broadcast), then with
   ``y_scale``: requantized by ``alpha * a_scale * b_scale / y_scale``; without: float32
   ``acc * (alpha * a_scale * b_scale)``.
-- QLinearAdd (MLAS's x86 vector kernel): ``round_half_even((zpC - (rA * zpA + rB * zpB))
-  + a * rA + b * rB)``, ``rA = scaleA / scaleC``, saturated; QLinearMul:
+- QLinearAdd (MLAS's x86-64 AVX2 kernel): ``round_half_even(fma(a, rA, fma(b, rB, zpC -
+  (rA * zpA + rB * zpB))))``, ``rA = scaleA / scaleC`` (a one-element operand folded into
+  the constant part first), saturated; QLinearMul:
   ``round_half_even(float32((a - zpA) * (b - zpB)) * (scaleA * scaleB / scaleC)) + zpC``,
   saturated. Both broadcast numpy-style.
 """
@@ -135,6 +136,13 @@ def _saturate(xp: Any, v: Any, dtype: np.dtype) -> Any:
     return xp.clip(v, np.float32(lo), np.float32(hi)).astype(np.int32).astype(dtype)
 
 
+def _fma(xp: Any, x: Any, y: Any, z: Any) -> Any:
+    """float32 fused multiply-add (MLAS's AVX2 kernels): the product of two float32s is
+    exact in float64, and so is its sum with a float32 of these magnitudes (small integers
+    times a scale ratio), so one rounding to float32 remains."""
+    return (x.astype(np.float64) * np.float64(y) + z.astype(np.float64)).astype(F32)
+
+
 @register("QLinearAdd", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 3))
 def build_qlinear_add(info: NodeInfo) -> KernelFn:
     xp = info.xp
@@ -149,7 +157,13 @@ def build_qlinear_add(info: NodeInfo) -> KernelFn:
                       ((za, "A_zero_point"), (zb, "B_zero_point"), (zc, "C_zero_point")))
         ra, rb = (sa / sc).astype(F32), (sb / sc).astype(F32)
         fixed = (zc - (ra * za + rb * zb)).astype(F32)
-        v = (fixed + a.astype(F32) * ra) + b.astype(F32) * rb
+        af, bf = a.astype(F32), b.astype(F32)
+        if b.size == 1:
+            v = _fma(xp, af, ra, (fixed + bf.reshape(()) * rb).astype(F32))
+        elif a.size == 1:
+            v = _fma(xp, bf, rb, (fixed + af.reshape(()) * ra).astype(F32))
+        else:
+            v = _fma(xp, af, ra, _fma(xp, bf, rb, fixed))
         return (_store(outs[0], _saturate(xp, xp.rint(v), dtype)),)
 
     return run

@@ -9,8 +9,9 @@ pinned by ``tests/test_quant_kernels_ort.py``:
 
 - QuantizeLinear: ``q = saturate(round_half_even(x / scale) + zero_point)``, the division
   in float32 (float16 / bfloat16 inputs and scales widened first); float8 outputs
-  ``cast(x / scale)`` rounded to nearest even, clamped to the type's largest finite value
-  when ``saturate`` (NaN stays NaN), else overflowing as the type does.
+  ``cast(x / scale)`` as onnxruntime's float8 conversion does it bit for bit (round half
+  to even, saturating to the largest finite value with ``saturate``; its top-binade quirks
+  without it: see ``to_float8``).
 - DequantizeLinear: ``float32(int32(q) - int32(zero_point)) * scale``, rounded once to the
   scale's dtype (or ``output_dtype``).
 - Scales and zero points are per tensor (a scalar or one element), per axis (1-D along
@@ -125,12 +126,8 @@ def quantize_values(xp: Any, x: Any, scale: Any, zero_point: Any, out_dtype: np.
     """x (any float) -> out_dtype, as QuantizeLinear; scale / zero_point already broadcastable."""
     v = xp.divide(_as_f32(xp, x), _as_f32(xp, scale))
     if is_float8(out_dtype):
-        if zero_point is not None:
-            v = v + _as_f32(xp, zero_point)
-        if saturate:
-            top = np.float32(float8_max(out_dtype))
-            v = xp.where(xp.isnan(v), v, xp.clip(v, -top, top))
-        return v.astype(out_dtype)
+        # a float8 zero point is 0 (onnxruntime ignores it): adding it would turn -0 into +0
+        return to_float8(xp, v, np.dtype(out_dtype), saturate)
     lo, hi = int_range(out_dtype)
     v = xp.rint(v)
     if zero_point is not None:
@@ -138,6 +135,65 @@ def quantize_values(xp: Any, x: Any, scale: Any, zero_point: Any, out_dtype: np.
     # NaN saturates to the type's minimum, as MLAS's clamp-then-convert leaves it
     v = xp.where(xp.isnan(v), np.float32(lo), xp.clip(v, np.float32(lo), np.float32(hi)))
     return v.astype(np.int32).astype(out_dtype)
+
+
+def to_float8(xp: Any, v: Any, dtype: np.dtype, saturate: bool) -> Any:
+    """float32 -> float8, bit for bit as onnxruntime's CPU conversion (``Float8E4M3FN`` /
+    ``Float8E5M2`` constructors): round half to even, except in the top binade of e4m3fn
+    without saturation, where [464, 480) overflows to NaN, [480, 496) stays 448 and the
+    rest overflows (its truncate-then-round order), and an e5m2 rounding past the largest
+    value that gives NaN, not inf. Other float8 types go through ml_dtypes' cast."""
+    name = dtype.name
+    if name not in ("float8_e4m3fn", "float8_e5m2"):
+        top = np.float32(float8_max(dtype))
+        if saturate:
+            v = xp.where(xp.isnan(v), v, xp.clip(v, -top, top))
+        return v.astype(dtype)
+    u32 = np.uint32
+    b = xp.ascontiguousarray(v, dtype=F32).view(u32)
+    sign = (b >> u32(24)) & u32(0x80)
+    e = (b >> u32(23)) & u32(0xFF)
+    m = b & u32(0x7FFFFF)
+    is_inf = (b & u32(0x7FFFFFFF)) == u32(0x7F800000)
+    is_nan = (e == u32(0xFF)) & ~is_inf
+
+    def rounded(val: Any, d: Any, base: int) -> Any:
+        """The subnormal branch's rounding (mask = 1 << (base + d)), as onnxruntime writes it."""
+        mask = u32(1) << (u32(base) + d)
+        low = m & (mask - u32(1))
+        up = ((m & mask) != 0) & (((val & u32(1)) != 0) | (low > 0) | (((m & (mask << u32(1))) != 0) & (low == 0)))
+        return val + up.astype(u32)
+
+    if name == "float8_e4m3fn":
+        d = xp.clip(u32(120) - xp.minimum(e, u32(120)), 0, 3).astype(u32)
+        sub = xp.where(d < 3, (u32(1) << (u32(2) - xp.minimum(d, u32(2)))) | (m >> (u32(21) + xp.minimum(d, u32(2)))),
+                       (m > 0).astype(u32))
+        sub = rounded(sub, d, 20)
+        ex = (e.astype(np.int64) - 120).clip(0, 15).astype(u32)
+        normal = (ex << u32(3)) | (m >> u32(20))
+        normal = xp.where(normal == u32(0x7F), u32(0x7E), normal)
+        up = ((m & u32(0x80000)) != 0) & (((m & u32(0x100000)) != 0) | ((m & u32(0x7FFFF)) != 0))
+        overflow = u32(0x7E) if saturate else u32(0x7F)
+        normal = xp.where(up & (normal < u32(0x7E)), normal + u32(1),
+                          xp.where(up & (normal >= u32(0x7E)), normal if saturate else u32(0x7F), normal))
+        mag = xp.where(e < u32(117), u32(0), xp.where(e < u32(121), sub, xp.where(e < u32(136), normal, overflow)))
+        mag = xp.where(e == u32(0), u32(0), mag)
+        mag = xp.where(is_inf, overflow, xp.where(is_nan, u32(0x7F), mag))
+    else:  # float8_e5m2
+        d = xp.clip(u32(112) - xp.minimum(e, u32(112)), 0, 2).astype(u32)
+        sub = xp.where(d < 2, (u32(1) << (u32(1) - xp.minimum(d, u32(1)))) | (m >> (u32(22) + xp.minimum(d, u32(1)))),
+                       (m > 0).astype(u32))
+        sub = rounded(sub, d, 21)
+        ex = (e.astype(np.int64) - 112).clip(0, 31).astype(u32)
+        normal = (ex << u32(2)) | (m >> u32(21))
+        up = ((m & u32(0x100000)) != 0) & (((m & u32(0xFFFFF)) != 0) | ((m & u32(0x200000)) != 0))
+        overflow = u32(0x7B) if saturate else u32(0x7C)
+        normal = xp.where(up & (normal < u32(0x7B)), normal + u32(1),
+                          xp.where(up, normal | overflow, normal))
+        mag = xp.where(e < u32(110), u32(0), xp.where(e < u32(113), sub, xp.where(e < u32(143), normal, overflow)))
+        mag = xp.where(e == u32(0), u32(0), mag)
+        mag = xp.where(is_inf, overflow, xp.where(is_nan, u32(0x7F), mag))
+    return (sign | mag).astype(np.uint8).view(dtype)
 
 
 def dequantize_values(xp: Any, q: Any, scale: Any, zero_point: Any, out_dtype: np.dtype) -> Any:
