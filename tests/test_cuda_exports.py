@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 import workbench
 from workbench import SessionOptions, models
 from workbench.decode.interface import find_export
+from workbench.models import exports
 
 pytestmark = pytest.mark.cuda
 
@@ -157,7 +158,9 @@ def _idioms(tmp_path_factory) -> dict:
     models.transformers_export(folder)
     return {
         "genai builder": models.llama("tiny", flavor="genai", export="genai-builder"),
-        "genai GQA (onnxruntime's fused layout)": models.llama("tiny", flavor="genai"),
+        "genai GQA": models.llama("tiny", flavor="genai"),
+        "GQA without a mask (onnxruntime's fused layout)":
+            exports.fused_gqa_without_mask(models.llama("tiny", flavor="genai")),
         "genai int4": models.llama("tiny", flavor="genai", quant="int4"),
         "optimum merged": models.llama("tiny", export="optimum-merged"),
         "torch Attention-23": models.llama("tiny", export="torch-dynamo-attention"),
@@ -167,7 +170,7 @@ def _idioms(tmp_path_factory) -> dict:
     }
 
 
-IDIOMS = ["genai builder", "genai GQA (onnxruntime's fused layout)", "genai int4", "optimum merged",
+IDIOMS = ["genai builder", "genai GQA", "GQA without a mask (onnxruntime's fused layout)", "genai int4", "optimum merged",
           "torch Attention-23", "transformers prefill + decode", "gpt2", "phi3 LongRoPE"]
 
 

@@ -355,3 +355,22 @@ def test_inputs_the_generator_cannot_feed_are_decode_interface_errors():
     session = workbench.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     with pytest.raises(workbench.DecodeInterfaceError, match=r"input 'input_ids' is int8.*int32 or int64"):
         Generator(session).generate([300, 4], 2, progress=False)
+
+
+@pytest.mark.parametrize("kv", ["fixed", "auto", "growing"])
+def test_gqa_fed_no_mask_never_shares_its_past_buffer(kv):
+    """transformers' export after onnxruntime's CPU fusions: GroupQueryAttention with no
+    attention_mask input and presents declared past + n. Fed a full-capacity past bound
+    as its own present (the shared-buffer mode genai exports take), its mask of ones
+    spans the unwritten rows: wrong tokens from the fourth on, no error. Such an export
+    decodes fixed KV through views of the filled rows; every step's logits match
+    onnxruntime's own decode."""
+    model = exports.fused_gqa_without_mask(models.llama("tiny", flavor="genai"))
+    peer = Generator(ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]))
+    want = peer.generate([3, 4, 5, 6], 12, kv="growing", progress=False, return_logits=True)
+    generator = Generator(workbench.InferenceSession(model))
+    assert not generator.supports_shared_buffer
+    got = generator.generate([3, 4, 5, 6], 12, kv=kv, progress=False, return_logits=True)
+    assert got.tokens == want.tokens
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")

@@ -76,7 +76,7 @@ class Generator:
                                                     roles=roles, config_head_size=config_head_size))
             self._check_pair()
         ops = model_op_types(session) or set()
-        self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS)
+        self.supports_shared_buffer = bool(ops & SHARED_BUFFER_OPS) and _shares_kv_buffers(self.interface, session)
         meta = {**(model_metadata(prefill) if prefill is not None else {}), **model_metadata(session)}
         try:
             config = json.loads(meta.get("workbench.model_config", "{}"))
@@ -285,6 +285,24 @@ class Generator:
         out = run_step(session, feeds, bound, wanted, phase, slot)
         cache.advance(n, out, presents)
         return np.asarray(out[io.logits])[0].astype(np.float32, copy=True)
+
+
+def _shares_kv_buffers(io: DecodeInterface, session: Any) -> bool:
+    """Whether a past buffer of the full capacity can also be the present it is written
+    into. GroupQueryAttention then takes the valid length from the attention mask
+    (seqlens_k); an export with no mask measures its past by its shape, and one that
+    declares its present as past + n (transformers' exporter after onnxruntime's CPU
+    fusions) grows a new one each step: fed a full-capacity past, both attend to the
+    unwritten rows, with no error."""
+    if io.attention_mask is None:
+        return False
+    declared = {o.name: o.shape for o in session.get_outputs()}
+    for s in io.kv:
+        shape = declared.get(s.present) or []
+        dim = shape[s.seq_axis] if len(shape) > s.seq_axis else None
+        if isinstance(dim, str) and "+" in dim:
+            return False
+    return True
 
 
 class _KvCache:

@@ -8,6 +8,8 @@ tested against every idiom without the exporter installed:
     genai_builder(model, mask_dtype="int64")   onnxruntime-genai's model builder:
         past_key_values.N.key [batch_size, kv, past_sequence_length, 'kv_cache_dim']
         (the head size is symbolic), present.N.key, attention_mask int64 or int32
+    fused_gqa_without_mask(model)               transformers' export after onnxruntime's CPU
+        fusions: GroupQueryAttention, no attention_mask, present = past + n
     optimum_merged(model)                       optimum's merged decoder: one If on
         a `use_cache_branch` bool input picks the with-past or the no-past graph
     transformers_export(directory, ...)         transformers' ONNX exporter (dynamo):
@@ -31,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .config import BATCH, CONFIG_KEY, PAST, TOTAL, ModelBuildError, ModelConfig, config_of
+from .config import BATCH, CONFIG_KEY, PAST, SEQ, TOTAL, ModelBuildError, ModelConfig, config_of
 
 GENAI_HEAD_DIM = "kv_cache_dim"
 
@@ -138,6 +140,26 @@ def genai_builder(model: onnx.ModelProto, *, mask_dtype: str = "int64") -> onnx.
         _prepend(g, [helper.make_node("Cast", ["attention_mask"], [cast_out],
                                       name="/model/attn_mask_reformat/attention_mask/Cast",
                                       to=TensorProto.INT64)])
+    drop_config(out)
+    return out
+
+
+def fused_gqa_without_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A genai-flavour model in the layout of transformers' export after onnxruntime's
+    CPU fusions: GroupQueryAttention, no attention_mask input (the graph makes its mask
+    of ones from the past's length and the new tokens), and each present declared as
+    `past_sequence_length + sequence_length`, a buffer of its own. Its past can be a
+    view of the filled rows of a fixed buffer, never the whole buffer."""
+    cfg = config_of(model)
+    if cfg.flavor != "genai":
+        raise ModelBuildError(f"fused_gqa_without_mask: needs a flavor='genai' model, got flavor={cfg.flavor!r}")
+    out = copy.deepcopy(model)
+    g = out.graph
+    kv = _kv_names(cfg)
+    _remove_inputs(g, {"attention_mask"})
+    _prepend(g, _ones_mask("attention_mask", [(kv[0][2], 2), ("input_ids", 1)], "/model/ones_mask"))
+    for _, _, _, present in kv:
+        _set_dims(_by_name(g.output, present), [BATCH, cfg.kv_heads, f"{PAST} + {SEQ}", cfg.head_dim])
     drop_config(out)
     return out
 
