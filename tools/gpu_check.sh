@@ -2,6 +2,9 @@
 # One prepared check for a fresh machine with an NVIDIA GPU and CuPy (fits in ~8 min):
 #   1. the device and CuPy versions            -> $OUT/device.json
 #   2. the cuda-marked tests on real CuPy       -> $OUT/cuda_tests.xml, $OUT/cuda_tests.log
+#      (with every builder export idiom decoded under shadow=raise against the CPU backend,
+#      and the real-exporter set of tools/real_exports.py when ./real_exports holds one:
+#      carry it with the checkout, e.g. `python tools/real_exports.py --out real_exports`)
 #   3. every built-in decoded on CUDA (growing and fixed KV, capture on and off),
 #      token-exact vs the CPU backend           -> $OUT/decode.json
 #   4. the capture benchmark: eager CuPy vs graph replay per token, captured coverage
@@ -43,9 +46,10 @@ json.dump(info, open(f"{sys.argv[1]}/device.json", "w"), indent=1)
 PY
 
 # compiles CuPy's kernels into the on-disk cache first, which the later stages reuse
-stage cuda_tests 230 python -m pytest -q -p no:cacheprovider -m cuda \
-    tests/test_cuda.py tests/test_cuda_double.py --junitxml="$OUT/cuda_tests.xml" \
-    > "$OUT/cuda_tests.log" 2>&1
+[ -f real_exports/manifest.json ] && export WORKBENCH_REAL_EXPORTS="$PWD/real_exports"
+stage cuda_tests 300 python -m pytest -q -p no:cacheprovider -m cuda \
+    tests/test_cuda.py tests/test_cuda_double.py tests/test_cuda_exports.py tests/test_real_exports.py \
+    --junitxml="$OUT/cuda_tests.xml" > "$OUT/cuda_tests.log" 2>&1
 tail -25 "$OUT/cuda_tests.log"
 
 stage decode 100 python - "$OUT" <<'PY'
