@@ -83,10 +83,13 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
     never holds two copies of the model). `backend` names the backend that will run it
     (rules tuned to the CPU's BLAS make only for "cpu"); `wide_weights` the order of a
     wide MatMul weight at level "all" (`wide_layout`)."""
+    # what loading assumed or could not do comes first, at every level (kept: nothing changed)
+    notes = [Rewrite(rule=n.rule, original_nodes=n.nodes, original_ops=n.ops, result=n.detail, nodes_saved=0,
+                     bytes_delta=0, kept=True) for n in graph.load_notes]
     if check_level(level) == "disabled":
-        return graph, []
+        return graph, notes
     out = copy_graph(graph)
-    rewrites = _fold_constants(out)
+    rewrites = notes + _fold_constants(out)
     rewrites += _drop_dead_nodes(out)
     released = graph.initializers if release else None
     rewrites += _drop_unused_initializers(out, released)

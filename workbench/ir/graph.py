@@ -59,3 +59,20 @@ class Graph:
     #: for a subgraph: names it reads from enclosing scopes, as values of this graph
     outer_inputs: list[ValueId] = field(default_factory=list)
     by_name: dict[str, ValueId] = field(default_factory=dict)
+    #: what loading had to assume or could not do (`LoadNote`s): shown with the load-time
+    #: rewrites (`recording.rewrites()`), never silent
+    load_notes: list[LoadNote] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadNote:
+    """One load-time fact about the model as read: `rule` (``opset_import_assumed``: a
+    domain its nodes use but the model does not import, read as version 1 as onnxruntime
+    reads it; ``shape_inference_failed``: ONNX shape inference stopped, with why, so the
+    values past that point have no static dtype or shape and are resolved at run time),
+    the nodes it concerns, and what was concluded."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    ops: tuple[str, ...]
+    detail: str

@@ -22,7 +22,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import ModelLoadError
 from .contrib_schemas import contrib_shape_inference
-from .graph import Graph, Node, Value
+from .graph import Graph, LoadNote, Node, Value
 from .validate import check_model, check_strings
 from .wire import LiftedBytes, lift_weights
 
@@ -277,25 +277,77 @@ def _safe_location(root: Path, location: str, tensor_name: str) -> Path:
     return target
 
 
-def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None,
+            notes: list[LoadNote] | None = None) -> onnx.ModelProto:
     """Inline model-local functions, then run ONNX shape inference (best effort).
 
     Large embedded weights move into `weights` (name -> array, viewing the bytes
     protobuf handed out: no decode, no copy back); the returned proto keeps their dims
-    only, so neither inference nor anything after it copies weight bytes around."""
+    only, so neither inference nor anything after it copies weight bytes around.
+
+    A domain the nodes use but the model does not import is imported as version 1
+    (onnxruntime reads it so: `optimize_model` at opt_level 0 writes com.microsoft nodes
+    without the import); where shape inference fails, it is run again past the failure
+    (best effort). Both are appended to `notes`, never silent."""
     weights = {} if weights is None else weights
+    notes = [] if notes is None else notes
     if proto.functions:
         try:
             proto = onnx.inliner.inline_local_functions(proto)
         except Exception as e:  # noqa: BLE001 - the inliner raises assorted C++ errors
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
+    _import_used_domains(proto, notes)
     _set_weights_aside(proto, weights)
-    try:
-        with contrib_shape_inference(opset_map(proto)):
-            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - shapes are then resolved just in time
-        pass
+    with contrib_shape_inference(opset_map(proto)):
+        try:
+            # strict first: a failure is reported (a partial inference would hide it) ...
+            proto = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+        except Exception as e:  # noqa: BLE001 - onnx raises assorted inference errors
+            notes.append(_inference_note(e))
+            try:  # ... then as far as it gets; the rest is resolved just in time
+                proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+            except Exception:  # noqa: BLE001 - already noted: shapes resolved just in time
+                pass
     return proto
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Any:
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_nodes(g)
+
+
+def _import_used_domains(proto: onnx.ModelProto, notes: list[LoadNote]) -> None:
+    imported = set(opset_map(proto))
+    missing: dict[str, list[onnx.NodeProto]] = {}
+    for node in _all_nodes(proto.graph):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if domain not in imported:
+            missing.setdefault(domain, []).append(node)
+    for domain, nodes in sorted(missing.items()):
+        proto.opset_import.append(helper.make_opsetid(domain, 1))
+        notes.append(LoadNote(
+            rule="opset_import_assumed", nodes=tuple(n.name or n.op_type for n in nodes),
+            ops=tuple(n.op_type for n in nodes),
+            detail=f"domain {domain!r} is used by {len(nodes)} node(s) but not imported; read as version 1 "
+                   "(as onnxruntime does)"))
+
+
+def _inference_note(e: Exception) -> LoadNote:
+    message = " ".join(str(e).split())
+    if len(message) > 400:
+        message = message[:400] + " ..."
+    node = ""
+    if "node name " in message:  # onnx names the node: "... for node name X. ..."
+        node = message.split("node name ", 1)[1].split(" ", 1)[0].rstrip(".:,")
+    return LoadNote(rule="shape_inference_failed", nodes=(node,) if node else (), ops=(),
+                    detail=f"ONNX shape inference failed ({type(e).__name__}: {message}); it went on past the "
+                           "failure where it could, values it left untyped get their dtype and shape at run time")
 
 
 LARGE_INITIALIZER = 4096  # bytes: bigger initializers never feed shape computations
@@ -533,7 +585,9 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
 def load_graph(model: Any) -> tuple[Graph, onnx.ModelProto]:
     """Read, validate, inline and shape-infer a model; return its main Graph and the prepared proto."""
     weights: dict[str, np.ndarray] = {}
-    proto = prepare(read_model(model, weights), weights)
+    notes: list[LoadNote] = []
+    proto = prepare(read_model(model, weights), weights, notes)
     check_model(proto, opset_map(proto))
     graph = GraphBuilder(opset_map(proto), weights).build(proto.graph)
+    graph.load_notes = notes
     return graph, proto

@@ -120,6 +120,10 @@ GLOSSARY: dict[str, str] = {
                         "replaced by an initializer",
     "dead_node": "load-time rewrite: a node whose outputs feed nothing, removed at load",
     "unused_initializer": "load-time rewrite: an initializer nothing reads, dropped at load",
+    "opset_import_assumed": "load-time fact: a domain the model's nodes use but do not import, read as "
+                            "version 1 (as onnxruntime reads it)",
+    "shape_inference_failed": "load-time fact: ONNX shape inference stopped (the message says where and why); "
+                              "values past it get their dtype and shape at run time",
     "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
     "eager": "mode eager: the node was dispatched on its own, one kernel launch",
     "seam": "an eager node between captured segments; every seam has a decline reason",
