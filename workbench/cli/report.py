@@ -26,6 +26,8 @@ class ReportRun:
     peer: Any = None  # GenerationResult of onnxruntime through the same loop, or None
     sessions: dict[str, Any] = field(default_factory=dict)  # graph ("model" | "prefill" | "decode") -> session
     generator: Any = None
+    #: why onnxruntime could not run the loop (one line), or None
+    peer_error: str | None = None
 
 
 def decode_and_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path,
@@ -65,12 +67,18 @@ def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path
         if pre is not None:
             print(f"\n== {graph} graph ==")
         print(summary_text(sess.recording))
-    peer, peer_runs = _peer(model, prefill, prompt, len(result.tokens), kv, overrides, return_logits)
+    peer_error = None
+    try:
+        peer, peer_runs = _peer(model, prefill, prompt, len(result.tokens), kv, overrides, return_logits)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's failure is reported, ours stands
+        peer, peer_runs, peer_error = None, [], _one_line(e)
     # one definition (reports.latency): the decode graph's runs' wall time per generated token
     ours_ms = decode_latency(session.recording)["ms_per_token"]
     print(f"\n[latency] {LATENCY_DEFINITION}, each runtime's decode runs timed alike")
     print(f"  workbench     {ours_ms:8.3f} ms/token  {1e3 / ours_ms:7.1f} tokens/s  (as in the summary)")
-    if peer is None:
+    if peer_error is not None:
+        print(f"  onnxruntime   could not run the decode loop, no comparison: {peer_error}")
+    elif peer is None:
         print("  onnxruntime   not installed: no comparison")
     else:
         same = peer.tokens == result.tokens
@@ -80,7 +88,16 @@ def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path
     frames = out / "frames"
     print(f"\nreport: {out / 'report.html'}  frames: {frames}/" + ("{prefill,decode}/" if pre is not None else ""))
     code = 0 if peer is None or peer.tokens == result.tokens else 1
-    return ReportRun(code, result, peer, sessions, gen)
+    return ReportRun(code, result, peer, sessions, gen, peer_error)
+
+
+def _one_line(e: Exception) -> str:
+    """An exception as one line: its type and the first line of its message (onnxruntime's
+    messages carry its source path and a status prefix: the gist is kept, capped)."""
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    if len(text) > 300:
+        text = text[:300] + " ..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _write_reports(sessions: dict[str, Any], out: Path, label: str, sources: dict[str, Any]) -> None:
