@@ -319,3 +319,23 @@ def test_report_when_onnxruntime_cannot_run_the_loop(tmp_path, capsys, monkeypat
     line = next(line for line in out.splitlines() if "could not run the decode loop" in line)
     assert "a made-up refusal" in line and "second line" not in out
     assert (tmp_path / "report" / "report.html").exists() and len(run.ours.tokens) == 4
+
+
+def test_an_op_shape_inference_skips_is_a_load_row():
+    """onnx passes over an op it has no schema for without a word, leaving the values past
+    it untyped: the loader says which."""
+    from onnx import TensorProto, helper  # noqa: PLC0415
+
+    from workbench.ir.loader import prepare  # noqa: PLC0415
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Mystery", ["r"], ["m"], name="mystery", domain="org.example"),
+             helper.make_node("Neg", ["m"], ["y"], name="neg")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("org.example", 1)])
+    notes = []
+    prepare(model, {}, notes)
+    (note,) = notes
+    assert note.rule == "shape_inference_incomplete" and note.nodes == ("mystery",)
+    assert "org.example::Mystery" in note.detail

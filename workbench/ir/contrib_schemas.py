@@ -120,6 +120,73 @@ def _gqa(ctx) -> None:
     _set(ctx, 2, _elem(ctx, 0), present)
 
 
+def _dim_list(dims: list | None) -> list | None:
+    return None if dims is None else list(dims)
+
+
+def _same_dim(a, b) -> bool:
+    return a.SerializeToString() == b.SerializeToString()
+
+
+def _product_dims(a: list | None, b: list | None) -> list | None:
+    """a @ b where the batch dims are provably a's (b 2-D, or equal batch dims)."""
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    if len(b) == 2 or (len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a[:-2], b[:-2]))):
+        return a[:-1] + [b[-1]]
+    return None
+
+
+def _fused_matmul(ctx) -> None:
+    a, b = _dim_list(_dims(ctx, 0)), _dim_list(_dims(ctx, 1))
+    out = None
+    if not _attr(ctx, "transBatchA", 0) and not _attr(ctx, "transBatchB", 0) and a and b:
+        if _attr(ctx, "transA", 0) and len(a) >= 2:
+            a[-1], a[-2] = a[-2], a[-1]
+        if _attr(ctx, "transB", 0) and len(b) >= 2:
+            b[-1], b[-2] = b[-2], b[-1]
+        out = _product_dims(a, b)
+    _set(ctx, 0, _elem(ctx, 0), out)
+
+
+def _integer_product_to_float(ctx) -> None:
+    """MatMulIntegerToFloat (output typed like a_scale) / DynamicQuantizeMatMul (float)."""
+    elem = _elem(ctx, 2) if ctx.get_num_inputs() > 2 and ctx.has_input(2) else TensorProto.FLOAT
+    _set(ctx, 0, elem or TensorProto.FLOAT, _product_dims(_dims(ctx, 0), _dims(ctx, 1)))
+
+
+def _dynamic_quantize_matmul(ctx) -> None:
+    _set(ctx, 0, TensorProto.FLOAT, _product_dims(_dims(ctx, 0), _dims(ctx, 1)))
+
+
+def _gemm_dims(ctx, a_index: int, b_index: int) -> list | None:
+    a, b = _dims(ctx, a_index), _dims(ctx, b_index)
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    m = a[1] if _attr(ctx, "transA", 0) else a[0]
+    n = b[0] if _attr(ctx, "transB", 0) else b[1]
+    return [m, n]
+
+
+def _qgemm(ctx) -> None:
+    quantized = ctx.get_num_inputs() > 8 and ctx.has_input(8)
+    _set(ctx, 0, _elem(ctx, 8) if quantized else TensorProto.FLOAT, _gemm_dims(ctx, 0, 3))
+
+
+def _fused_gemm(ctx) -> None:
+    _set(ctx, 0, _elem(ctx, 0), _gemm_dims(ctx, 0, 1))
+
+
+def _qlinear_binary(ctx) -> None:
+    a, b = _dims(ctx, 0), _dims(ctx, 3)
+    same = a is not None and b is not None and len(a) == len(b) and all(_same_dim(x, y) for x, y in zip(a, b))
+    _set(ctx, 0, _elem(ctx, 0), a if same else None)
+
+
+def _gemm_fast_gelu(ctx) -> None:
+    _set(ctx, 0, _elem(ctx, 0), _product_dims(_dims(ctx, 0), _dims(ctx, 1)))
+
+
 # (op, domain, n inputs, n outputs, inference)
 _SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
     ("GroupQueryAttention", MS, 17, 4, _gqa),
@@ -131,6 +198,17 @@ _SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
     ("FastGelu", MS, 2, 1, _same_as_input),
     ("QuickGelu", MS, 1, 1, _same_as_input),
     ("SimplifiedLayerNormalization", "", 2, 2, _simplified_norm),
+    ("Gelu", MS, 1, 1, _same_as_input),
+    ("BiasGelu", MS, 2, 1, _same_as_input),
+    ("BiasAdd", MS, 3, 1, _same_as_input),
+    ("FusedMatMul", MS, 2, 1, _fused_matmul),
+    ("FusedGemm", MS, 3, 1, _fused_gemm),
+    ("GemmFastGelu", MS, 3, 1, _gemm_fast_gelu),
+    ("MatMulIntegerToFloat", MS, 7, 1, _integer_product_to_float),
+    ("DynamicQuantizeMatMul", MS, 5, 1, _dynamic_quantize_matmul),
+    ("QGemm", MS, 9, 1, _qgemm),
+    ("QLinearAdd", MS, 8, 1, _qlinear_binary),
+    ("QLinearMul", MS, 8, 1, _qlinear_binary),
 ]
 
 

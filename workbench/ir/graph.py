@@ -69,7 +69,9 @@ class LoadNote:
     """One load-time fact about the model as read: `rule` (``opset_import_assumed``: a
     domain its nodes use but the model does not import, read as version 1 as onnxruntime
     reads it; ``shape_inference_failed``: ONNX shape inference stopped, with why, so the
-    values past that point have no static dtype or shape and are resolved at run time),
+    values past that point have no static dtype or shape and are resolved at run time;
+    ``shape_inference_incomplete``: it went through but left some nodes' outputs untyped,
+    an op it has no schema for),
     the nodes it concerns, and what was concluded."""
 
     rule: str

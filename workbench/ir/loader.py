@@ -308,7 +308,26 @@ def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
                 proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
             except Exception:  # noqa: BLE001 - already noted: shapes resolved just in time
                 pass
+            return proto
+    untyped = _untyped_nodes(proto.graph)
+    if untyped:  # onnx passes over ops it has no schema for without a word
+        ops = sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in untyped})
+        notes.append(LoadNote(
+            rule="shape_inference_incomplete", nodes=tuple(n.name or n.op_type for n in untyped),
+            ops=tuple(n.op_type for n in untyped),
+            detail=f"ONNX shape inference left the outputs of {len(untyped)} node(s) untyped (no schema or no "
+                   f"inference for {', '.join(ops[:8])}{' ...' if len(ops) > 8 else ''}); those values get their "
+                   "dtype and shape at run time"))
     return proto
+
+
+def _untyped_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The main graph's nodes with an output shape inference gave no element type."""
+    typed = {v.name for v in itertools.chain(graph.input, graph.output, graph.value_info)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
+             or v.type.HasField("sequence_type") or v.type.HasField("optional_type") or v.type.HasField("map_type")}
+    typed.update(t.name for t in graph.initializer)
+    return [n for n in graph.node if any(o and o not in typed for o in n.output)]
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Any:

@@ -124,6 +124,8 @@ GLOSSARY: dict[str, str] = {
                             "version 1 (as onnxruntime reads it)",
     "shape_inference_failed": "load-time fact: ONNX shape inference stopped (the message says where and why); "
                               "values past it get their dtype and shape at run time",
+    "shape_inference_incomplete": "load-time fact: ONNX shape inference left some nodes' outputs untyped (an op "
+                                  "it has no schema for); those values get their dtype and shape at run time",
     "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
     "eager": "mode eager: the node was dispatched on its own, one kernel launch",
     "seam": "an eager node between captured segments; every seam has a decline reason",
