@@ -187,6 +187,32 @@ def _gemm_fast_gelu(ctx) -> None:
     _set(ctx, 0, _elem(ctx, 0), _product_dims(_dims(ctx, 0), _dims(ctx, 1)))
 
 
+def _ms_attention(ctx) -> None:
+    x, w = _dims(ctx, 0), _dims(ctx, 1)
+    sizes = list(_attr(ctx, "qkv_hidden_sizes", []) or [])
+    v_width = sizes[2] if len(sizes) == 3 else (w[1].dim_value // 3 if w and w[1].HasField("dim_value") else None)
+    out = [x[0], x[1], v_width] if x is not None and len(x) == 3 and v_width else None
+    _set(ctx, 0, _elem(ctx, 0), out)
+    _set(ctx, 1, _elem(ctx, 0), None)
+
+
+def _multi_head_attention(ctx) -> None:
+    q = _dims(ctx, 0)
+    v = _dims(ctx, 2) if ctx.get_num_inputs() > 2 and ctx.has_input(2) else None
+    out = [q[0], q[1], v[2]] if q is not None and len(q) == 3 and v is not None and len(v) == 3 else None
+    _set(ctx, 0, _elem(ctx, 0), out)
+    for i in (1, 2, 3):
+        _set(ctx, i, _elem(ctx, 0), None)
+
+
+def _embed_layer_norm(ctx) -> None:
+    ids, word = _dims(ctx, 0), _dims(ctx, 2)
+    out = [ids[0], ids[1], word[1]] if ids is not None and len(ids) == 2 and word is not None else None
+    _set(ctx, 0, _elem(ctx, 2), out)
+    _set(ctx, 1, TensorProto.INT32, None if ids is None else [ids[0]])
+    _set(ctx, 2, _elem(ctx, 2), out)
+
+
 # (op, domain, n inputs, n outputs, inference)
 _SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
     ("GroupQueryAttention", MS, 17, 4, _gqa),
@@ -209,6 +235,9 @@ _SCHEMAS: list[tuple[str, str, int, int, Callable]] = [
     ("QGemm", MS, 9, 1, _qgemm),
     ("QLinearAdd", MS, 8, 1, _qlinear_binary),
     ("QLinearMul", MS, 8, 1, _qlinear_binary),
+    ("Attention", MS, 7, 2, _ms_attention),
+    ("MultiHeadAttention", MS, 10, 4, _multi_head_attention),
+    ("EmbedLayerNormalization", MS, 9, 3, _embed_layer_norm),
 ]
 
 

@@ -199,4 +199,4 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
 
 
 # Registering the other contrib families (they import the helpers above).
-from . import contrib_attention, contrib_fused, contrib_norm, contrib_qlinear, contrib_quant  # noqa: E402,F401
+from . import contrib_attention, contrib_bert, contrib_fused, contrib_norm, contrib_qlinear, contrib_quant  # noqa: E402,F401,I001
