@@ -8,7 +8,7 @@
 For each manifest entry: `workbench.decode.find_export` on its folder (or file), a
 `workbench.InferenceSession` per graph with default options, and `workbench.Generator`
 (prefill + decode for transformers' two-graph exports) greedy-decoding the manifest's
-prompt for as many tokens as onnxruntime did (12), `kv="fixed"`, no EOS stop. The tokens
+prompt for as many tokens as onnxruntime did (12), `kv="fixed"` (`--kv` to change), no EOS stop. The tokens
 are compared with the manifest's `ort_tokens` (plain onnxruntime, recorded when the
 export was built).
 
@@ -17,7 +17,8 @@ WORKBENCH_CUDA_DOUBLE=1 with the repository's tests/ folder on PYTHONPATH); `cud
 (a real GPU with CuPy); `all` = cpu and cuda-double (the default). Each export runs in
 a subprocess of its own, so one crash or hang does not stop the survey. One row per
 export: name, then per backend `ok`, `DIFF@i` (first differing token index), `ERR` or
-`TIMEOUT`, and the last line of each error below the table. The exit code is 0
+`TIMEOUT`, then the error's last line; below the table, each failure again with where it
+was raised and the exception it started from (file:line), or the differing tokens. The exit code is 0
 whatever the rows say. Takes about 2-5 s per export and backend on a 2-core VM.
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def decode_one(entry: dict, backend: str) -> dict:
+def decode_one(entry: dict, backend: str, kv: str = "fixed") -> dict:
     """Runs inside the subprocess: decode one export with workbench, return a result dict."""
     import traceback
 
@@ -65,7 +66,7 @@ def decode_one(entry: dict, backend: str) -> dict:
         load_s = time.time() - t0
         gen = workbench.Generator(decode, prefill=prefill, **overrides)
         n = len(entry["ort_tokens"])
-        res = gen.generate(entry["prompt"], n, kv="fixed", eos_token_id=-1, progress=False)
+        res = gen.generate(entry["prompt"], n, kv=kv, eos_token_id=-1, progress=False)
         want = entry["ort_tokens"]
         got = list(map(int, res.tokens))
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
@@ -76,24 +77,28 @@ def decode_one(entry: dict, backend: str) -> dict:
                     backend=f"{type(decode.backend).__name__} ({getattr(decode.backend.xp, '__name__', '?')})")
     except BaseException as e:  # noqa: BLE001 - the survey reports every failure
         tb = traceback.format_exc()
-        frames = traceback.extract_tb(e.__traceback__)
-        inner = frames[-1] if frames else None
-        repo_frames = [f for f in frames if str(REPO) in f.filename]
-        where = repo_frames[-1] if repo_frames else inner
-        loc = f"{where.filename}:{where.lineno} in {where.name}" if where else ""
+
+        def where(exc):
+            frames = traceback.extract_tb(exc.__traceback__)
+            return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+
+        root = e  # the exception the chain started from ("raised from" / "during handling of")
+        while (root.__cause__ or root.__context__) is not None and root is not (root.__cause__ or root.__context__):
+            root = root.__cause__ or root.__context__
         last = f"{type(e).__name__}: {e}".strip().splitlines()
         return dict(ok=False, error=last[-1] if last else type(e).__name__, error_first_line=last[0] if last else "",
-                    location=loc, traceback=tb)
+                    location=where(e), root_location=where(root) if root is not e else "",
+                    root_error=f"{type(root).__name__}: {root}" if root is not e else "", traceback=tb)
 
 
-def run_child(entry: dict, backend: str, timeout: int) -> dict:
+def run_child(entry: dict, backend: str, timeout: int, kv: str = "fixed") -> dict:
     env = dict(os.environ)
     env.pop("WORKBENCH_CUDA_DOUBLE", None)
     if backend == "cuda-double":
         env["WORKBENCH_CUDA_DOUBLE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "tests"), env.get("PYTHONPATH", "")) if p)
     try:
-        r = subprocess.run([sys.executable, __file__, "--child", backend], input=json.dumps(entry),
+        r = subprocess.run([sys.executable, __file__, "--child", backend, "--kv", kv], input=json.dumps(entry),
                            capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
     except subprocess.TimeoutExpired:
         return dict(ok=False, error=f"TIMEOUT after {timeout} s", location="", timeout=True)
@@ -121,25 +126,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=["cpu", "cuda-double", "cuda", "all"], default="all")
     ap.add_argument("--only", default=None, help="survey only exports whose name contains this")
     ap.add_argument("--json", default=None, help="also write every result (tracebacks included) to this file")
+    ap.add_argument("--kv", choices=["fixed", "growing", "auto"], default="fixed", help="the Generator's KV mode")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per export and backend")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(decode_one(json.loads(sys.stdin.read()), args.child)))
+        print(json.dumps(decode_one(json.loads(sys.stdin.read()), args.child, args.kv)))
         return 0
     manifest = json.loads(Path(args.manifest).read_text())
     entries = [e for e in manifest if args.only is None or args.only in e["name"]]
     backends = ["cpu", "cuda-double"] if args.backend == "all" else [args.backend]
     results: dict[str, dict[str, dict]] = {}
     width = max([len(e["name"]) for e in entries] + [6])
-    header = f"{'export':{width}s}  " + "  ".join(f"{b:11s}" for b in backends)
+    header = f"{'export':{width}s}  " + "  ".join(f"{b:11s}" for b in backends) + "  error (last line)"
     print(header)
     print("-" * len(header))
     for e in entries:
         row = results.setdefault(e["name"], {})
         for b in backends:
-            row[b] = run_child(e, b, args.timeout)
-        print(f"{e['name']:{width}s}  " + "  ".join(f"{cell(row[b]):11s}" for b in backends), flush=True)
+            row[b] = run_child(e, b, args.timeout, args.kv)
+        errors = list(dict.fromkeys(row[b]["error"] for b in backends if "error" in row[b]))
+        print(f"{e['name']:{width}s}  " + "  ".join(f"{cell(row[b]):11s}" for b in backends)
+              + ("  " + " | ".join(errors) if errors else ""), flush=True)
     print()
     for name, row in results.items():
         for b, res in row.items():
@@ -150,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 if res.get("error_first_line") and res["error_first_line"] != res["error"]:
                     print(f"    first line: {res['error_first_line']}")
                 if res.get("location"):
-                    print(f"    at {res['location']}")
+                    print(f"    raised at {res['location']}")
+                if res.get("root_location"):
+                    print(f"    from {res['root_error'].splitlines()[0]}")
+                    print(f"    at {res['root_location']}")
             else:
                 want = next(e["ort_tokens"] for e in entries if e["name"] == name)
                 print(f"{name} [{b}]: tokens differ from onnxruntime's at {res.get('first_diff')}: "

@@ -18,9 +18,11 @@ of its own, outside the repository, which the script creates when missing:
 
 No Hugging Face hub: each architecture is a tiny config (hidden 64, 2 layers, 4 heads,
 2 KV heads, vocab 512, 128 positions; gpt2 has no GQA: 4 KV heads) initialised at random
-with a fixed seed, saved with `save_pretrained` under OUT/_hf/<arch> (and OUT/_hf-optimum/
-<arch> and _hf-optimum1/<arch>, the same weights saved by those venvs' transformers), and exported from
-that folder. Exporters:
+with a fixed seed (initializer_range 0.2, so greedy choices are not near-ties), saved
+with `save_pretrained` under OUT/_hf/<arch> with a word-level tokenizer (the genai
+builder wants one), and under OUT/_hf-optimum/<arch> and OUT/_hf-optimum1/<arch> the same
+weights saved by those venvs' transformers; each export reads one of these folders.
+Exporters:
 
     torch-legacy-<arch>    torch.onnx.export(dynamo=False) of a decoder-with-past wrapper
     torch-dynamo-<arch>    torch.onnx.export(dynamo=True) of the same wrapper
@@ -46,13 +48,20 @@ fails to build or that onnxruntime cannot run is left out of the manifest and li
 OUT/failures.json with its error (a built but unrunnable one is moved to OUT/_dropped/).
 manifest.json is a list of {"name", "exporter", "arch", "path" (the model file, or the
 folder of a prefill + decode pair), "precision", "config": {hidden, layers, heads,
-kv_heads, vocab}, "notes", "prompt", "ort_tokens", "torch_tokens", "min_margin", "nodes",
-"ops", "inputs", "outputs"}.
+kv_heads, vocab}, "notes", "prompt", "ort_tokens", "torch_tokens", "min_margin", and per
+graph ("model", or "prefill" and "decode"): "nodes" (top level), "nodes_with_subgraphs",
+"ops" (op type -> count, subgraphs included), "opset", "inputs", "outputs"; "build_seconds"}.
+Notable: optimum-onnx 0.1 writes no merged decoder any more (optimum-merged-* comes from
+optimum 1.27, with two torch 2.13 shims noted in its "notes"); transformers 5.24 has its own
+exporter (transformers.exporters, prefill.onnx + decode.onnx); genai int4's tokens differ
+from torch's (quantised weights), every other export decodes torch's tokens.
 
 Idempotent: an export whose folder holds `_export.json` is kept unless `--force`.
-Time on a 2-core VM: about 4 minutes per venv when it must be created (pip), then
-about 10-15 minutes for all ~40 exports and their validation; a second run with
-nothing to do takes seconds. Survey them with workbench: tools/real_export_survey.py.
+Time on a 2-core VM: about 1.5 minutes to create the three venvs (pip, from the local
+wheel index), then about 9.5 minutes for all 44 exports and their validation; a second
+run with nothing to do takes under a second. Two runs from scratch give the same
+manifest (weights, tokens, node counts). Survey them with workbench:
+tools/real_export_survey.py; tests/test_real_exports.py reads the same manifest.
 """
 
 from __future__ import annotations
@@ -87,8 +96,13 @@ OPTIMUM1_PINS = ["torch==2.13.0", "transformers==4.53.3", "optimum==1.27.0", "on
 # The code that runs inside the venvs (torch, transformers, onnxruntime). Written to
 # OUT/_helper.py and run as `VENV/bin/python OUT/_helper.py COMMAND JSON-ARGS`.
 HELPER = r'''
-import json, os, re, subprocess, sys, time
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -481,7 +495,7 @@ def ensure_venv(venv: Path, pins: list[str]) -> Path:
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=False)
-    subprocess.run([str(py), "-m", "pip", "install", *pins], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", *pins], check=True)
     marker.write_text(" ".join(pins) + "\n")
     return py
 
