@@ -140,7 +140,7 @@ def _fma(xp: Any, x: Any, y: Any, z: Any) -> Any:
     """float32 fused multiply-add (MLAS's AVX2 kernels): the product of two float32s is
     exact in float64, and so is its sum with a float32 of these magnitudes (small integers
     times a scale ratio), so one rounding to float32 remains."""
-    return (x.astype(np.float64) * np.float64(y) + z.astype(np.float64)).astype(F32)
+    return (x.astype(np.float64) * y.astype(np.float64) + z.astype(np.float64)).astype(F32)
 
 
 @register("QLinearAdd", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 3))
