@@ -339,3 +339,33 @@ def test_an_op_shape_inference_skips_is_a_load_row():
     (note,) = notes
     assert note.rule == "shape_inference_incomplete" and note.nodes == ("mystery",)
     assert "org.example::Mystery" in note.detail
+
+
+def test_report_on_transformers_export_after_onnxruntime_fusions(tmp_path, capsys):
+    """transformers' prefill.onnx + decode.onnx, each replaced by onnxruntime's saved
+    extended graph (FusedMatMul, QuickGelu, ...), through `workbench report`'s own path."""
+    from workbench.cli.main import main  # noqa: PLC0415
+
+    folder = models.transformers_export(tmp_path / "export")
+    for name in ("prefill", "decode"):
+        optimized = _saved(str(folder / f"{name}.onnx"), tmp_path, "extended")
+        assert "FusedMatMul" in {n.op_type for n in optimized.graph.node}
+        onnx.save(optimized, folder / f"{name}.onnx")
+    code = main(["report", str(folder), "--steps", "6", "--prompt-tokens", "5", "--out", str(tmp_path / "report")])
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    assert "tokens identical" in out
+    assert (tmp_path / "report" / "report.html").exists()
+
+
+def test_quantized_model_under_shadow_verification(bases, tmp_path):
+    """Every mechanism (memo, views, capture replay) on the dynamically quantized llama
+    re-checked eagerly at every step: no value changes."""
+    model = _quantized(bases["llama"], tmp_path)
+    data = model.SerializeToString()
+    session = workbench.InferenceSession(data, workbench.SessionOptions(shadow="raise"))
+    want = Generator(_peer(data)).generate(PROMPT, STEPS, progress=False, eos_token_id=-1)
+    got = Generator(session).generate(PROMPT, STEPS, progress=False, eos_token_id=-1)
+    assert got.tokens == want.tokens
+    assert session.recording.divergences().empty
+    assert len(session.recording.shadow_checks()) > 0
