@@ -19,6 +19,11 @@ DECLINE_REASONS = {
     "kernel_declined": "the kernel declared itself not capturable",
     "segment_too_short": "the capturable run is shorter than min_segment_nodes",
     "host_only_dtype": "the value's dtype (e.g. strings) lives on the host only",
+    "varying_shape": "a value the node reads or writes changed shape between the warm-up steps "
+                     "(a mask or position range that grows, a just-in-time size): a graph recorded "
+                     "with one shape would be retired the next step",
+    "rerecord_limit": "the segment holding the node was retired capture_rerecord_limit times for "
+                      "the same reason: it is captured no more in this slot",
 }
 
 #: why an installed graph was retired

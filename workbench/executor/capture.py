@@ -99,6 +99,24 @@ class SlotCapture:
     #: ((captures, retires), value ids) of what a replay of the installed graphs
     #: restores (`CaptureRunner.replay_restores`)
     replay_outputs: tuple | None = None
+    # -- what the warm-up steps showed, and what keeps the graphs' inputs in place --------
+    #: (bindings, each value's shape, each graph input's address) at the last eager step
+    seen: tuple | None = None
+    #: value id -> (shape before, shape now) of the values whose shape moved between the
+    #: last two comparable eager steps (`varying_shape` declines)
+    shape_changes: dict = field(default_factory=dict)
+    #: feeds a captured segment reads that arrived at a new address each warm step: copied
+    #: into `staging` (one buffer each, the graphs read it) before every step
+    staged_feeds: tuple = ()
+    staging: dict = field(default_factory=dict)
+    #: values made just in time outside the captured segments and read inside one: the
+    #: producer's fresh result is copied into `kept` (one buffer each, address fixed)
+    kept_values: frozenset = frozenset()
+    kept: dict = field(default_factory=dict)
+    #: (first node, last node, reason, detail) of a segment -> times retired for it
+    retire_counts: dict = field(default_factory=dict)
+    #: plan index -> the rerecord_limit decline its segment earned (never captured again)
+    limited: dict = field(default_factory=dict)
 
     @property
     def installed(self) -> bool:
@@ -181,10 +199,15 @@ def reads_only_baked(p: Any, baked: frozenset[int] | set[int]) -> bool:
 
 def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set[int],
                  quarantined: set[tuple[str, str]], values: list,
-                 baked: frozenset[int] | set[int] = frozenset()) -> CaptureDecline | None:
+                 baked: frozenset[int] | set[int] = frozenset(),
+                 shape_changes: dict | None = None, limited: dict | None = None) -> CaptureDecline | None:
     """Why plan node `p` cannot be captured this step, or None when it can. A node
-    whose only obstacle is reading `baked` values on the host can be."""
+    whose only obstacle is reading `baked` values on the host can be. `shape_changes`
+    (value -> two shapes the warm-up steps saw) and `limited` (plan index -> the
+    decline its segment's re-records earned) come from the slot's history."""
     k = p.index
+    if limited and k in limited:
+        return limited[k]
     if (p.node.domain, p.node.op_type) in quarantined:
         return CaptureDecline(k, "quarantined_op", f"{p.node.op_type} broke a recording earlier")
     verdict = p.capture
@@ -211,6 +234,12 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
         if hit:
             return CaptureDecline(k, "growing_symbol",
                                   f"{values[vid].name!r} has shape {list(shape)}", hit)
+    if shape_changes:
+        for vid in (*p.inputs, *p.outputs):
+            if vid >= 0 and vid not in bound and vid in shape_changes:
+                before, now = shape_changes[vid]
+                return CaptureDecline(k, "varying_shape",
+                                      f"{values[vid].name!r} changed shape {before} -> {now} between warm-up steps")
     return None
 
 

@@ -124,15 +124,89 @@ class CaptureRunner:
         for d in ex.state.dispatch:
             p = d.p
             preallocated = [o is not None for o in d.outs]
-            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked)
+            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked,
+                                   cap.shape_changes, cap.limited)
             if decline is not None:
                 declines[p.index] = decline
         cap.segments, cap.declines = segment_plan(ex.plan, declines, ex.options.min_segment_nodes)
+        self._keep_in_place(cap, bound_ids)
+
+    def _keep_in_place(self, cap: SlotCapture, bound: set[int]) -> None:
+        """Which inputs of the captured segments need a buffer of their own to keep their
+        address: feeds that came at a new address each warm step (a plain `run` loop's
+        fresh arrays), and values made just in time by a node outside the segments (a
+        Range, an embedding Gather with a symbolic index shape, a host fallback's
+        result). Everything else a segment reads is an initializer, a preallocated
+        buffer or a caller-bound array, which keep their addresses while their shape
+        holds."""
+        ex = self.ex
+        plan, graph = ex.plan, ex.graph
+        captured = [k for seg in cap.segments if seg.kind == "captured" for k in seg.nodes]
+        inside = {o for k in captured for o in plan.nodes[k].outputs if o >= 0}
+        reads = set()
+        for seg in cap.segments:
+            if seg.kind == "captured":
+                reads.update(external_inputs(plan, seg.nodes))
+        reads -= inside | set(graph.initializers) | bound
+        inputs = set(graph.inputs)
+        seen = cap.seen[2] if cap.seen is not None else {}
+        env = ex.env
+        cap.staged_feeds = tuple(vid for vid in sorted(reads & inputs) if hasattr(env[vid], "shape")
+                                 and (cap.staging.get(vid) is env[vid] or seen.get(vid) != address(env[vid])))
+        outputs = set(graph.outputs)  # handed to the caller (a growing present uncopied): never reused
+        dispatch = ex.state.dispatch
+        made_by = {vid: (d, j) for d in dispatch for j, vid in enumerate(d.p.outputs) if vid >= 0}
+        kept = set()
+        for vid in reads:
+            # a segment reading a zero-copy view reads its source's buffer: keep the first
+            # value up the chain that owns its bytes (a layout copy owns them too)
+            while vid in made_by:
+                d, j = made_by[vid]
+                if d.outs[j] is not None:
+                    break  # preallocated: its buffer stays while its shape holds
+                if vid not in outputs:
+                    kept.add(vid)
+                if not d.view or not d.p.inputs or d.p.inputs[0] < 0:
+                    break
+                vid = d.p.inputs[0]
+        cap.kept_values = frozenset(kept)
+
+    def stage_feeds(self, cap: SlotCapture) -> None:
+        """Copy each staged feed into its buffer and run on that (the caller's array is
+        only read); a feed already there (IOBinding of the staging buffer) is left."""
+        env = self.ex.env
+        backend = self.ex.backend
+        for vid in cap.staged_feeds:
+            arr = env[vid]
+            buf = cap.staging.get(vid)
+            if arr is buf:
+                continue
+            if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
+                buf = cap.staging[vid] = backend.allocate(arr.shape, arr.dtype)
+            buf[...] = arr
+            env[vid] = buf
+
+    def observe(self, cap: SlotCapture, bindings: dict[str, int]) -> None:
+        """After an eager step: note every value's shape and every feed's address. Two
+        comparable steps (the same symbols, none shrunk: the same decode regime) give the
+        values whose shape moves (`varying_shape`); a prefill before a decode resets it."""
+        ex = self.ex
+        env = ex.env
+        shapes = tuple(getattr(a, "shape", None) for a in env)
+        feeds = {vid: address(env[vid]) for vid in ex.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
+        before = cap.seen
+        cap.seen = (dict(bindings), shapes, feeds)
+        if before is None or before[0].keys() != bindings.keys() \
+                or any(bindings[s] < n for s, n in before[0].items()):
+            cap.shape_changes = {}
+            return
+        cap.shape_changes = {vid: (a, b) for vid, (a, b) in enumerate(zip(before[1], shapes))
+                             if a != b and a is not None and b is not None}
 
     # -- running a step --------------------------------------------------------------
 
     def run_step(self, cap: SlotCapture, steady: bool, bound: dict[int, Any], run_nodes: Any,
-                 rec: Any, slot: str) -> str:
+                 rec: Any, slot: str, bindings: dict[str, int]) -> str:
         """Run the step's nodes; returns the capture mode used: eager, capture or replay."""
         self.replayed_nodes = []
         disabled = self.enabled_reason()
@@ -144,25 +218,27 @@ class CaptureRunner:
         if not steady:
             if cap.installed:
                 self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
-            run_nodes(range(len(self.ex.plan.nodes)))
-            cap.warm = True  # this eager run is the warm-up the next capture trusts
-            if rec is not None:
-                self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
-            return "eager"
+            return self._warm_up(cap, run_nodes, rec, slot, bindings)
         if not cap.installed:
             # a shape fold still to be checked would be trusted (baked) a step later:
             # record then, so what its values feed can join captured segments
             if not cap.warm or self.ex.shape_fold_pending():
-                run_nodes(range(len(self.ex.plan.nodes)))
-                cap.warm = True
-                if rec is not None:
-                    self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
-                return "eager"
+                return self._warm_up(cap, run_nodes, rec, slot, bindings)
             self.segment(cap, bound)
-            return self._capture(cap, run_nodes, rec, slot)
-        return self._replay(cap, run_nodes, rec, slot)
+            self.stage_feeds(cap)
+            return self._capture(cap, run_nodes, rec, slot, bindings)
+        self.stage_feeds(cap)
+        return self._replay(cap, run_nodes, rec, slot, bindings)
 
-    def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
+    def _warm_up(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
+        run_nodes(range(len(self.ex.plan.nodes)))
+        cap.warm = True  # this eager run is the warm-up the next capture trusts
+        self.observe(cap, bindings)
+        if rec is not None:
+            self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+        return "eager"
+
+    def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         ex = self.ex
         backend = ex.backend
         env = ex.env
@@ -206,14 +282,14 @@ class CaptureRunner:
             if rec is not None:
                 rec.add_row("capture_events", slot=slot, segment=-1, event="quarantine",
                             reason=f"{failed.op_type} ({failed.name}): {violation}", duration_s=0.0)
-            return self._eager_instead(cap, run_nodes, rec, slot, "capture_failed", str(violation))
+            return self._eager_instead(cap, run_nodes, rec, slot, bindings, "capture_failed", str(violation))
         except KernelError as error:  # a genuine kernel bug: it names its node, and the step fails
             self._abort(backend, backend_graph, cap)
             self._log_retire(rec, slot, "kernel_error", str(error))
             raise
         except Exception as error:  # noqa: BLE001 - begin/end_capture or the driver refused
             self._abort(backend, backend_graph, cap)
-            return self._eager_instead(cap, run_nodes, rec, slot, "capture_api_error",
+            return self._eager_instead(cap, run_nodes, rec, slot, bindings, "capture_api_error",
                                        f"{type(error).__name__}: {error}")
         cap.captures += 1
         if rec is not None:
@@ -222,7 +298,7 @@ class CaptureRunner:
             self._emit_declines(rec, slot, cap)
         return "capture"
 
-    def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str) -> str:
+    def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         ex = self.ex
         env = ex.env
         replayed = []
@@ -238,7 +314,7 @@ class CaptureRunner:
             if why is not None:
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
-                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, *why)
+                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
             if rec is not None:  # a host backend's clock read directly, as for an eager node
                 timer = clock() if clock is not None else ex.backend.start_timer()
             try:
@@ -246,7 +322,7 @@ class CaptureRunner:
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
-                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, "capture_api_error",
+                return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
             for vid, arr in captured.outputs.items():
                 env[vid] = arr
@@ -378,21 +454,37 @@ class CaptureRunner:
         cap.retires += 1
         cap.warm = False
 
-    def _eager_instead(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str,
+    def _eager_instead(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int],
                        reason: str, detail: str) -> str:
         """The recording failed: log why, and complete the step eagerly."""
         self._log_retire(rec, slot, reason, detail)
-        return self._finish_eagerly(cap, range(len(self.ex.plan.nodes)), run_nodes, rec, slot)
+        return self._finish_eagerly(cap, range(len(self.ex.plan.nodes)), run_nodes, rec, slot, bindings)
 
     def _rest_eagerly(self, cap: SlotCapture, pos: int, run_nodes: Any, rec: Any, slot: str,
-                      reason: str, detail: str) -> str:
-        """A replay cannot go on at segment `pos`: retire, and run it and the rest eagerly."""
+                      bindings: dict[str, int], reason: str, detail: str) -> str:
+        """A replay cannot go on at segment `pos`: retire, and run it and the rest eagerly.
+        The segment's retires for this reason are counted; at `capture_rerecord_limit`
+        its nodes are seams for good, with a decline naming the reason and the count."""
+        seg = cap.segments[pos]
+        self._count_retire(cap, seg, reason, detail)
         self._retire(cap, rec, slot, reason, detail)
         rest = [k for seg in cap.segments[pos:] for k in seg.nodes]
-        return self._finish_eagerly(cap, rest, run_nodes, rec, slot)
+        return self._finish_eagerly(cap, rest, run_nodes, rec, slot, bindings)
 
-    def _finish_eagerly(self, cap: SlotCapture, nodes: Any, run_nodes: Any, rec: Any, slot: str) -> str:
+    def _count_retire(self, cap: SlotCapture, seg: Any, reason: str, detail: str) -> None:
+        limit = self.ex.options.capture_rerecord_limit
+        # the same reason: the same value and what changed of it, whatever its new shape
+        key = (seg.first, seg.last, reason, " ".join(detail.split()[:2]))
+        count = cap.retire_counts[key] = cap.retire_counts.get(key, 0) + 1
+        if limit and count >= limit:
+            why = f"retired {count} times for {reason}: {detail}"
+            for k in seg.nodes:
+                cap.limited[k] = CaptureDecline(k, "rerecord_limit", why)
+
+    def _finish_eagerly(self, cap: SlotCapture, nodes: Any, run_nodes: Any, rec: Any, slot: str,
+                        bindings: dict[str, int]) -> str:
         run_nodes(nodes)
+        self.observe(cap, bindings)
         if rec is not None:
             self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
         return "eager"

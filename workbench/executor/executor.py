@@ -287,7 +287,8 @@ class Executor(DecodeMemoSteps):
             return env
         snapshot = self._shadow_snapshot(feeds, bound, action)
         self._skipped_ifs = []
-        capture_mode = self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot)
+        capture_mode = self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot,
+                                                    bindings)
         if bound:
             self._fill_bound(env, bound)
         if action == "replayed" and self.options.decode_memo_verify:
@@ -423,6 +424,8 @@ class Executor(DecodeMemoSteps):
                 env[vid] = r
             elif d.view and o is None:
                 env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
+                if vid in self.state.capture.kept_values and self._owners.get(vid) == vid:
+                    env[vid] = self._keep(vid, env[vid])  # a layout copy a captured segment reads
                 if graph is not None and self._owners.get(vid) == vid:
                     materialized = (materialized or []) + [(j, env[vid])]
             elif o is not None and getattr(r, "shape", None) == o.shape:
@@ -430,6 +433,8 @@ class Executor(DecodeMemoSteps):
                 env[vid] = o
             else:
                 env[vid] = self._adopt(p, vid, r, bindings)
+                if vid in self.state.capture.kept_values:  # read by a captured segment: keep its address
+                    env[vid] = self._keep(vid, env[vid])
                 if graph is not None and not any(is_view_of(r, x) for x in ins if x is not None):
                     materialized = (materialized or []) + [(j, env[vid])]
         if graph is not None:
@@ -446,6 +451,17 @@ class Executor(DecodeMemoSteps):
             rec.alias(*d.alias, p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
+
+    def _keep(self, vid: int, arr: Any) -> Any:
+        """A just-in-time result a captured segment reads, copied into the one buffer the
+        slot keeps for it (while its shape and dtype hold), so the graph's input stays put."""
+        kept = self.state.capture.kept
+        buf = kept.get(vid)
+        if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype or type(buf) is not type(arr):
+            buf = kept[vid] = self.backend.allocate(arr.shape, arr.dtype)
+            self._resident += buf.nbytes
+        buf[...] = arr
+        return buf
 
     def _contiguous_copy(self, x: Any, graph: Any) -> Any:
         """A C-contiguous copy of a strided input. While recording, the copy goes into

@@ -51,6 +51,11 @@ class SessionOptions:
     capture: bool = _flag("WORKBENCH_CAPTURE", True)
     #: captured segments shorter than this many compute nodes stay eager
     min_segment_nodes: int = 2
+    #: a segment retired this many times for the same reason is captured no more in
+    #: its slot: its nodes become seams with the decline `rerecord_limit`, which names
+    #: the reason and the count (WORKBENCH_CAPTURE_RERECORD_LIMIT; 0: no limit)
+    capture_rerecord_limit: int = field(
+        default_factory=lambda: int(os.environ.get("WORKBENCH_CAPTURE_RERECORD_LIMIT", "3") or 3))
     #: load-time graph rewrites, as onnxruntime's levels: "disabled", "basic",
     #: "extended", "all" (WORKBENCH_GRAPH_OPTIMIZATION); see `executor.optimize`
     graph_optimization_level: str = field(
@@ -81,6 +86,8 @@ class SessionOptions:
                              f"got {self.graph_optimization_level!r}")
         self.graph_optimization_level = level
         self.wide_weight_layout = check_setting(self.wide_weight_layout)
+        if int(self.capture_rerecord_limit) < 0:
+            raise ValueError(f"capture_rerecord_limit must be >= 0, got {self.capture_rerecord_limit!r}")
         if not 0.0 <= float(self.shadow_fraction) <= 1.0:
             raise ValueError(f"shadow_fraction must be within 0..1, got {self.shadow_fraction!r}")
 

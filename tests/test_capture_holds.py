@@ -1,0 +1,334 @@
+"""Captured graphs hold on the exports people bring: a value made outside the captured
+segments keeps its address, a shape that moves between warm-up steps is a seam before
+anything is recorded, a plain `run` loop replays, and a segment that keeps being
+retired stops being recorded, with the reason.
+
+Each pattern is one real exporter's idiom (optimum's Range positions, torch.onnx's
+embedding Gather behind a Reshape, its growing mask Add, onnxruntime's fused GQA
+layout), differential against onnxruntime over at least 8 runs; the inputs sit at
+stable addresses with changing contents unless the test is about fresh arrays. On the
+CPU backend and on backend="cuda" (the device double in CI).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench
+from workbench import Generator, SessionOptions, models, reports
+from workbench.decode.interface import find_export
+from workbench.models import exports
+
+RUNS = 10
+WIDTH = 8
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def _ort(proto: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _const(name: str, value) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _mlp_nodes(x: str, out: str) -> tuple[list, list]:
+    """x [.., WIDTH] -> MatMul -> Relu -> MatMul -> Add x: a run capture records whole."""
+    rng = np.random.default_rng(7)
+    w1 = _const("w1", rng.standard_normal((WIDTH, WIDTH)).astype(np.float32))
+    w2 = _const("w2", rng.standard_normal((WIDTH, WIDTH)).astype(np.float32))
+    nodes = [helper.make_node("MatMul", [x, "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["o"]), helper.make_node("Add", ["o", x], [out])]
+    return nodes, [w1, w2]
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def range_positions() -> onnx.ModelProto:
+    """optimum: position ids are Range(position, position + seq), read on the host and
+    sized just in time (a seam), then an embedding Gather and the layers read them."""
+    nodes = [helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+             helper.make_node("Gather", ["ids_shape", "one"], ["seq"], axis=0),
+             helper.make_node("Squeeze", ["position"], ["start"]),
+             helper.make_node("Add", ["start", "seq"], ["limit"]),
+             helper.make_node("Range", ["start", "limit", "one"], ["positions"]),
+             helper.make_node("Gather", ["pos_table", "positions"], ["pos_emb"], axis=0),
+             # a captured reader of the just-in-time value: its own shape is known
+             helper.make_node("ReduceMean", ["pos_emb"], ["pos_row"], axes=[0], keepdims=1),
+             helper.make_node("Gather", ["tok_table", "input_ids"], ["tok_emb"], axis=0),
+             helper.make_node("Add", ["tok_emb", "pos_row"], ["x"])]
+    mlp, weights = _mlp_nodes("x", "y")
+    rng = np.random.default_rng(1)
+    inits = [_const("one", np.int64(1)), _const("pos_table", rng.standard_normal((64, WIDTH)).astype(np.float32)),
+             _const("tok_table", rng.standard_normal((32, WIDTH)).astype(np.float32)), *weights]
+    return _model(nodes + mlp,
+                  [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+                   helper.make_tensor_value_info("position", TensorProto.INT64, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", WIDTH])], inits)
+
+
+def sliding_window() -> onnx.ModelProto:
+    """A row of a table at a fed offset (a rotary table sliced by position): a zero-copy
+    view whose address moves with the offset every step."""
+    nodes = [helper.make_node("Add", ["start", "one"], ["stop"]),
+             helper.make_node("Slice", ["table", "start", "stop", "zero"], ["row"]),
+             # a captured reader of the view: a scalar, whatever the view's shape
+             helper.make_node("ReduceMean", ["row"], ["scale"], keepdims=0),
+             helper.make_node("Mul", ["base", "scale"], ["x"])]
+    mlp, weights = _mlp_nodes("x", "y")
+    rng = np.random.default_rng(6)
+    inits = [_const("one", np.array([1], np.int64)), _const("zero", np.array([0], np.int64)),
+             _const("base", rng.standard_normal((1, WIDTH)).astype(np.float32)),
+             _const("table", rng.standard_normal((64, WIDTH)).astype(np.float32)), *weights]
+    return _model(nodes + mlp, [helper.make_tensor_value_info("start", TensorProto.INT64, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])], inits)
+
+
+def reshaped_embedding() -> onnx.ModelProto:
+    """torch.onnx legacy gpt2: input_ids reshaped by a shape computed from values at run
+    time (here the token count, summed), then the embedding Gather: its output is sized
+    just in time, a fresh array each step, and the layers read it."""
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["ids_f", "zero_f"], ["zeros"]),
+             helper.make_node("Add", ["zeros", "one_f"], ["ones"]),
+             helper.make_node("ReduceSum", ["ones"], ["count_f"], keepdims=0),
+             helper.make_node("Cast", ["count_f"], ["count"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["count", "zero"], ["count1"]),
+             helper.make_node("Concat", ["minus1", "count1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["input_ids", "target"], ["ids2"]),
+             helper.make_node("Gather", ["wte", "ids2"], ["emb"], axis=0),
+             # the layers' first node reads the just-in-time value; its own shape is known
+             helper.make_node("ReduceMean", ["emb"], ["scale"], keepdims=0),
+             helper.make_node("Mul", ["base", "scale"], ["x"])]
+    mlp, weights = _mlp_nodes("x", "y")
+    rng = np.random.default_rng(2)
+    inits = [_const("zero", np.array([0], np.int64)), _const("minus1", np.array([-1], np.int64)),
+             _const("base", rng.standard_normal((1, WIDTH)).astype(np.float32)),
+             _const("zero_f", np.float32(0)), _const("one_f", np.float32(1)),
+             _const("wte", rng.standard_normal((32, WIDTH)).astype(np.float32)), *weights]
+    return _model(nodes + mlp, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, 1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])], inits)
+
+
+def growing_mask() -> onnx.ModelProto:
+    """torch.onnx legacy: a mask of the total length (ConstantOfShape of a computed shape,
+    then Add) grows every step; the layers after it do not."""
+    nodes = [helper.make_node("Shape", ["past"], ["past_shape"]),
+             helper.make_node("Gather", ["past_shape", "one"], ["past_len"], axis=0),
+             helper.make_node("Add", ["past_len", "one"], ["total"]),
+             helper.make_node("Unsqueeze", ["total", "zero"], ["total1"]),
+             helper.make_node("Concat", ["ones3", "total1"], ["mask_shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["mask_shape"], ["zeros"],
+                              value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             helper.make_node("Add", ["zeros", "bias"], ["mask"]),
+             helper.make_node("Softmax", ["mask"], ["weights"], axis=-1),
+             helper.make_node("ReduceMax", ["weights"], ["peak"], keepdims=0),
+             helper.make_node("Mul", ["x", "peak"], ["xs"]),
+             helper.make_node("Concat", ["past", "xs"], ["present"], axis=1)]
+    mlp, weights = _mlp_nodes("xs", "y")
+    inits = [_const("one", np.int64(1)), _const("zero", np.array([0], np.int64)),
+             _const("ones3", np.array([1, 1, 1], np.int64)), _const("bias", np.float32(0.5)), *weights]
+    return _model(nodes + mlp,
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, WIDTH]),
+                   helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "past_len", WIDTH])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, WIDTH]),
+                   helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, "total", WIDTH])], inits)
+
+
+class _Runs:
+    """One session and onnxruntime: `step(feeds)` runs both and compares every output."""
+
+    def __init__(self, proto: onnx.ModelProto, backend: str, **options):
+        self.session = workbench.InferenceSession(proto.SerializeToString(), backend=backend,
+                                                  options=SessionOptions(trace=True, **options))
+        self.peer = _ort(proto)
+        self.names = [o.name for o in proto.graph.output]
+
+    def step(self, feeds: dict, label: str) -> dict:
+        got = dict(zip(self.names, self.session.run(self.names, feeds)))
+        want = dict(zip(self.names, self.peer.run(self.names, {k: np.array(v) for k, v in feeds.items()})))
+        for name in self.names:
+            assert got[name].shape == want[name].shape, (label, name)
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=f"{label}: {name}")
+        return got
+
+    @property
+    def capture(self):
+        return self.session.executor.slot_capture("primary")
+
+    def events(self, after: int = 0):
+        ev = self.session.recording.capture_events()
+        return ev[ev.step >= after]
+
+
+def _assert_holds(runs: _Runs, warm: int = 4) -> None:
+    late = runs.events(after=warm)
+    assert not (late.event == "retire").any(), late[late.event == "retire"].reason.tolist()
+    assert not (late.event == "capture").any(), "re-recorded after warm-up"
+    assert runs.capture.replays >= RUNS - warm
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_just_in_time_seam_output_keeps_its_address_for_the_segment_reading_it(backend):
+    """optimum's Range positions: a fresh array each run, read by a captured Gather +
+    layers: the graph was retired every step ('binding_changed: positions address').
+    The seam's result is copied into a buffer of its own; the graph holds."""
+    runs = _Runs(range_positions(), backend)
+    rng = np.random.default_rng(0)
+    ids = np.zeros((1, 1), np.int64)
+    position = np.zeros(1, np.int64)
+    for run in range(RUNS):
+        ids[...] = rng.integers(0, 32, (1, 1))  # the same arrays, new contents
+        position[...] = 5 + run
+        runs.step({"input_ids": ids, "position": position}, f"run {run}")
+    _assert_holds(runs)
+    assert runs.capture.kept_values, "nothing kept in place"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_embedding_gather_sized_just_in_time_keeps_its_address(backend):
+    """torch.onnx legacy's embedding Gather over input_ids reshaped by a computed shape:
+    sized just in time, new each run."""
+    runs = _Runs(reshaped_embedding(), backend)
+    rng = np.random.default_rng(1)
+    ids = np.zeros((1, 1), np.int64)
+    for run in range(RUNS):
+        ids[...] = rng.integers(0, 32, (1, 1))
+        runs.step({"input_ids": ids}, f"run {run}")
+    _assert_holds(runs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_shape_that_grew_between_warm_up_steps_makes_its_readers_seams(backend):
+    """torch.onnx legacy's mask: its length (a just-in-time dim, no symbol the memo
+    sees) grows every step. It used to be recorded with one length and retired the next
+    step; now its readers are seams with `varying_shape`, naming the value and the two
+    shapes, and the layers after it replay."""
+    runs = _Runs(growing_mask(), backend)
+    rng = np.random.default_rng(2)
+    x = np.zeros((1, 1, WIDTH), np.float32)
+    past = rng.standard_normal((1, 3, WIDTH)).astype(np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        past = runs.step({"x": x, "past": past}, f"run {run}")["present"]  # grows by one each run
+    _assert_holds(runs)
+    declines = runs.session.recording.capture_declines()
+    varying = declines[declines.reason == "varying_shape"]
+    assert not varying.empty
+    assert varying.detail.str.contains(r"changed shape \(1, 1, 1, \d+\) -> \(1, 1, 1, \d+\)").all(), \
+        varying.detail.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_plain_run_loop_with_fresh_feeds_replays(backend):
+    """A plain `session.run` loop, as onnxruntime users write it, hands fresh arrays each
+    step: the graphs read them, so every step retired them ('input_ids address'). Feeds
+    that arrive at a new address are copied into a staging buffer each step; the
+    caller's arrays are only read."""
+    runs = _Runs(range_positions(), backend)
+    rng = np.random.default_rng(3)
+    for run in range(RUNS):
+        feeds = {"input_ids": rng.integers(0, 32, (1, 1)).astype(np.int64),
+                 "position": np.array([5 + run], np.int64)}
+        before = {k: v.copy() for k, v in feeds.items()}
+        runs.step(feeds, f"run {run}")
+        for k, v in feeds.items():
+            np.testing.assert_array_equal(v, before[k], err_msg=f"the caller's {k} was written")
+    _assert_holds(runs)
+    assert runs.session.executor.state.capture.staged_feeds
+
+
+def test_stable_io_binding_inputs_are_not_staged():
+    """IOBinding of arrays that stay put: nothing to copy, the graphs read them directly."""
+    proto = range_positions()
+    session = workbench.InferenceSession(proto.SerializeToString())
+    peer = _ort(proto)
+    ids, position = np.zeros((1, 1), np.int64), np.zeros(1, np.int64)
+    rng = np.random.default_rng(4)
+    for run in range(RUNS):
+        ids[...] = rng.integers(0, 32, (1, 1))
+        position[...] = 5 + run
+        binding = session.io_binding()
+        binding.bind_input("input_ids", ids)
+        binding.bind_input("position", position)
+        binding.bind_output("y")
+        session.run_with_iobinding(binding)
+        np.testing.assert_allclose(binding.get_outputs()[0],
+                                   peer.run(None, {"input_ids": ids, "position": position})[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+    cap = session.executor.slot_capture("primary")
+    assert cap.replays >= RUNS - 4 and cap.staged_feeds == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_segment_retired_again_and_again_is_captured_no_more_and_says_why(backend):
+    """A zero-copy view at a moving offset (a table row sliced at a fed position) is
+    read by the layers after it: its address moves every step, which no buffer of ours
+    can hold still, and the graph was retired and recorded again every other step. At
+    `capture_rerecord_limit` (3) retires for that reason the segment's nodes become
+    seams with `rerecord_limit`, naming the reason and the count; every value is
+    onnxruntime's throughout."""
+    runs = _Runs(sliding_window(), backend, capture_rerecord_limit=3)
+    start = np.zeros(1, np.int64)
+    for run in range(3 * RUNS):
+        start[...] = (7 * run) % 60
+        runs.step({"start": start}, f"run {run}")
+    retires = runs.events()
+    retires = retires[retires.event == "retire"]
+    assert len(retires) == 3, retires.reason.tolist()  # three, then never again
+    declines = runs.session.recording.capture_declines()
+    limited = declines[declines.reason == "rerecord_limit"]
+    assert not limited.empty
+    assert limited.detail.str.contains("retired 3 times for binding_changed: row address").all(), \
+        limited.detail.tolist()
+
+
+def test_the_rerecord_limit_is_a_session_option():
+    assert SessionOptions().capture_rerecord_limit == 3
+    with pytest.raises(ValueError, match="capture_rerecord_limit"):
+        SessionOptions(capture_rerecord_limit=-1)
+
+
+def _decode_holds(session, prefill=None, tokens: int = 16):
+    gen = Generator(session, prefill=prefill)
+    result = gen.generate([3, 4, 5, 6], tokens, kv="fixed", progress=False, eos_token_id=-1)
+    ev = session.recording.capture_events()
+    late = ev[ev.step >= 6]
+    assert not (late.event.isin(["capture", "retire"])).any(), late.reason.tolist()
+    cov = reports.capture_coverage(session.recording)
+    cov = cov[cov.step >= 6]
+    return result.tokens, float(cov.replayed_nodes.sum() / cov.nodes.sum())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gqa_in_onnxruntimes_fused_layout_holds_its_graphs(backend):
+    """transformers' export after onnxruntime's CPU fusions: the mask of ones the graph
+    makes from the past's length grew every step and retired the graph every third step
+    ('binding_changed: attention_mask shape')."""
+    model = exports.fused_gqa_without_mask(models.llama("tiny", flavor="genai"))
+    want = Generator(_ort(model)).generate([3, 4, 5, 6], 16, kv="growing", progress=False, eos_token_id=-1).tokens
+    session = workbench.InferenceSession(model, SessionOptions(trace=True), backend=backend)
+    tokens, share = _decode_holds(session)
+    assert tokens == want
+    assert share > 0.3, share
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transformers_prefill_and_decode_export_holds_its_graphs(tmp_path, backend):
+    models.transformers_export(tmp_path)
+    files = find_export(tmp_path)
+    options = SessionOptions(trace=True)
+    session = workbench.InferenceSession(str(files.decode), options, backend=backend)
+    prefill = workbench.InferenceSession(str(files.prefill), options, backend=backend)
+    cpu = Generator(workbench.InferenceSession(str(files.decode)), prefill=workbench.InferenceSession(
+        str(files.prefill))).generate([3, 4, 5, 6], 16, kv="growing", progress=False, eos_token_id=-1).tokens
+    tokens, share = _decode_holds(session, prefill)
+    assert tokens == cpu
+    assert share > 0.3, share
