@@ -435,14 +435,16 @@ class CaptureRunner:
         self._bindings_seen[key] = (weakref.ref(captured), live, holds_now(env, fixed))
         return True
 
-    def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str) -> None:
+    def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
         cap.retire()
-        self._log_retire(rec, slot, reason, detail)
+        self._log_retire(rec, slot, reason, detail, segment)
 
     @staticmethod
-    def _log_retire(rec: Any, slot: str, reason: str, detail: str) -> None:
+    def _log_retire(rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
+        """A retire row: `segment` is the one whose check failed (-1: the whole slot's
+        graphs, for a reason no single segment caused)."""
         if rec is not None:
-            rec.add_row("capture_events", slot=slot, segment=-1, event="retire",
+            rec.add_row("capture_events", slot=slot, segment=segment, event="retire",
                         reason=f"{reason}: {detail}", duration_s=0.0)
 
     @staticmethod
@@ -467,7 +469,7 @@ class CaptureRunner:
         its nodes are seams for good, with a decline naming the reason and the count."""
         seg = cap.segments[pos]
         self._count_retire(cap, seg, reason, detail)
-        self._retire(cap, rec, slot, reason, detail)
+        self._retire(cap, rec, slot, reason, detail, seg.index)
         rest = [k for seg in cap.segments[pos:] for k in seg.nodes]
         return self._finish_eagerly(cap, rest, run_nodes, rec, slot, bindings)
 

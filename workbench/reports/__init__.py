@@ -23,6 +23,7 @@ plotly is imported only when a figure or the HTML report is built.
 """
 
 from .capture import by_reason, declines_at, segments_at, static_verdicts
+from .churn import CHURN_COLUMNS, capture_churn, churn_lines, retire_markers
 from .coverage import COVERAGE_KINDS, capture_coverage, decode_coverage, seam_costs, tokens_per_step
 from .diff import DIFF_ASPECTS, DIFF_COLUMNS, diff, diff_steps
 from .export import export
@@ -41,12 +42,12 @@ from .views import ViewWalk, most_instructive_view, view_walk, views_at, walk_of
 from .vocabulary import COLUMNS, GLOSSARY, canonical, explain
 
 __all__ = [
-    "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS", "LATENCY_DEFINITION",
+    "CHURN_COLUMNS", "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS", "LATENCY_DEFINITION",
     "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
-    "canonical", "capture_coverage", "declines_at", "decode_coverage", "decode_latency", "diff", "diff_steps", "explain",
+    "canonical", "capture_churn", "capture_coverage", "churn_lines", "declines_at", "decode_coverage", "decode_latency", "diff", "diff_steps", "explain",
     "export", "Frames", "kv_growth", "kv_pairs", "latency_frame", "lifetimes_at", "live_bytes_curve",
     "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "per_token_ms", "peak_values", "plan_at_step",
-    "render_html", "resident_breakdown", "seam_costs", "segments_at", "shapes_at_step", "slots",
+    "render_html", "resident_breakdown", "retire_markers", "seam_costs", "segments_at", "shapes_at_step", "slots",
     "static_verdicts", "step_info", "steps_of_slot", "summary", "summary_text", "to_html", "tokens_frame",
     "tokens_per_step", "view_walk", "views_at", "ViewWalk", "walk_of",
 ]

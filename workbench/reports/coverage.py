@@ -78,7 +78,7 @@ def decode_coverage(src: Recording | Frames, phases: tuple[str, ...] = ("decode"
     "<kind>_time_share" for each kind}; shares are None when no such step ran.
     """
     cov = capture_coverage(src)
-    d = cov[cov["phase"].isin(phases)]
+    d = cov[cov["phase"].isin(_phases_in(cov["phase"], phases))]
     total, n = float(d["time_us"].sum()), int(d["nodes"].sum())
     out: dict = {"steps": len(d)}
     for k in COVERAGE_KINDS:
@@ -87,6 +87,14 @@ def decode_coverage(src: Recording | Frames, phases: tuple[str, ...] = ("decode"
     out["time_share"] = out["replayed_time_share"]
     out["node_share"] = out["replayed_node_share"]
     return out
+
+
+def _phases_in(recorded: pd.Series, phases: tuple[str, ...]) -> tuple[str, ...]:
+    """`phases`, or every step's where none has a phase: a plain `session.run` loop (no
+    Generator) records its steps with phase "", and they are all decode steps there."""
+    if recorded.isin(phases).any() or not (recorded.fillna("") == "").all():
+        return phases
+    return ("",)
 
 
 def tokens_per_step(src: Recording | Frames) -> pd.Series:
@@ -129,7 +137,7 @@ def seam_costs(src: Recording | Frames, by: str = "seam",
     if dec is None or dec.empty:
         return pd.DataFrame({c: pd.Series([], dtype=object) for c in cols})
     steps = f.get("steps")
-    steps = steps[steps["phase"].isin(phases)]
+    steps = steps[steps["phase"].isin(_phases_in(steps["phase"], phases))]
     tokens = tokens_per_step(f)
     t = f.get("node_timings")
     t_by_step = {s: g for s, g in t.groupby("step")}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from . import capture, liveness, memo, plan, steps, views
+from .churn import capture_churn, churn_lines, retire_markers
 from .coverage import capture_coverage, seam_costs
 from .diff import diff_steps
 from .hazards import alias_hazards
@@ -212,7 +213,7 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
         seg_slot = pd.concat([capture.segments_at(f, s, slot) for s in steps.steps_of_slot(f, slot)]
                              or [seg_all.head(0)], ignore_index=True)
         dec = capture.declines_at(f, step, slot)
-        page.figure(figures.segments_figure(seg_slot, dec, step))
+        page.figure(figures.segments_figure(seg_slot, dec, step, retires=retire_markers(f, slot)))
         if dec is None or dec.empty:
             page.text(f"No declines recorded at or before {where}.", "note")
         else:
@@ -281,6 +282,21 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
     page.text(str(s.loc["capture coverage (decode, time-weighted)", "text"]) + " over the decode steps.", "meta")
     page.figure(figures.coverage_figure(cov))
     page.table(cov, "coverage per step (counts, µs and shares)")
+
+    page.section("churn", "Capture churn")
+    churn = capture_churn(f)
+    lines = churn_lines(f, limit=10)
+    if churn.empty:
+        page.text("No captured segment was recorded.", "note")
+    elif not lines:
+        page.text(f"Every one of the {len(churn)} captured segments was recorded once and then replayed.", "meta")
+    else:
+        page.text(f"{len(lines)} segments were recorded again after a retire: a graph that keeps being "
+                  "re-recorded costs a recording each time and pays nothing back.", "meta")
+        for line in lines:
+            page.text(line, "note")
+    if not churn.empty:
+        page.table(churn, "per captured segment: recordings, replays, retires by reason")
 
     page.section("seams", "Seam costs")
     by_reason = seam_costs(f, by="reason")

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .capture import by_reason, static_verdicts
+from .churn import capture_churn, churn_lines
 from .coverage import decode_coverage, seam_costs
 from .hazards import alias_hazards
 from .latency import LATENCY_DEFINITION, decode_latency
@@ -127,6 +128,14 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     add("capture", "capture coverage (decode, time-weighted)", share,
         "—" if share is None else f"{100 * share:.1f}% of node time replayed")
     if seg is not None:
+        churn = capture_churn(f)
+        re_recorded = churn[churn["re_records"] > 0] if not churn.empty else churn
+        add("capture", "segments re-recorded", len(re_recorded),
+            "none: every graph was recorded once" if re_recorded.empty else
+            f"{len(re_recorded)} segments recorded again after a retire "
+            f"({int(re_recorded['re_records'].sum())} re-records)")
+        for line in churn_lines(f, limit=3):
+            add("capture", "re-recorded", None, line)
         costs = seam_costs(f, by="reason")
         if not costs.empty:
             top = costs.iloc[0]

@@ -6,7 +6,7 @@ import html
 
 import ipywidgets as W
 
-from ..reports import NOT_RECORDED
+from ..reports import NOT_RECORDED, retire_markers
 from ..reports.figures import declines_figure, segments_figure
 from .base import RecordingView
 from .figure import FigureHolder
@@ -50,7 +50,8 @@ class SegmentationView(RecordingView):
             segs = self.model.segments_per_step(c.slot)
             self.segments_fig.show(segments_figure(
                 segs, self.model.declines(c.step, c.slot), c.step, c.node,
-                title=f"Capture segments per step · slot {html.escape(c.slot)}"), self.select_node)
+                title=f"Capture segments per step · slot {html.escape(c.slot)}",
+                retires=retire_markers(self.frames, c.slot)), self.select_node)
         reasons = self.model.reasons(c.step, c.slot)
         title = f"Declines by reason at step {c.step}" if recorded else "Static verdicts by reason"
         self.reasons_fig.show(declines_figure(reasons, title), self._reason_clicked)

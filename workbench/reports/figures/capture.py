@@ -12,10 +12,12 @@ __all__ = ["declines_figure", "segments_figure"]
 
 def segments_figure(segments: pd.DataFrame, declines: pd.DataFrame | None = None,
                     selected_step: int | None = None, selected_node: int | None = None,
-                    title: str = "Capture segments per step") -> go.Figure:
+                    title: str = "Capture segments per step", retires: pd.DataFrame | None = None) -> go.Figure:
     """One row per step; a bar per segment from its first to its last node, coloured by
     state (captured / replayed / retired / eager). `declines` (the ones in force at the
-    selected step) are drawn as ✕ on that step's row; `customdata` = plan index."""
+    selected step) are drawn as ✕ on that step's row; `customdata` = plan index.
+    `retires` (`reports.retire_markers`) puts a marker at each retired segment's first
+    node, with its reason written beside it (not only in a hover)."""
     fig = go.Figure()
     seg = segments.copy()
     seg["_hover"] = [f"step {s} · segment {g}<br><b>{esc(st)}</b> ({esc(k)})<br>nodes {a}–{b} ({c})"
@@ -36,6 +38,14 @@ def segments_figure(segments: pd.DataFrame, declines: pd.DataFrame | None = None
             hovertext=[f"<b>#{p} {esc(n)}</b> ({esc(o)})<br>{esc(r)}: {esc(t)}"
                        for p, n, o, r, t in zip(d["plan_index"], d["node"], d["op_type"], d["reason"],
                                                 d["detail"])],
+        ))
+    if retires is not None and not retires.empty:
+        fig.add_trace(go.Scatter(
+            x=retires["first_node"], y=retires["step"], mode="markers+text", name="retire",
+            marker={"symbol": "triangle-left", "size": 10, "color": color_of("retired")},
+            text=[esc(t) for t in retires["label"]], textposition="middle right",
+            textfont={"size": 10, "color": color_of("retired")}, customdata=retires["first_node"],
+            hovertext=[esc(t) for t in retires["label"]], hoverinfo="text",
         ))
     if selected_step is not None:
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, y0=selected_step - 0.5, y1=selected_step + 0.5,
