@@ -9,6 +9,7 @@
 #      token-exact vs the CPU backend           -> $OUT/decode.json
 #   4. the capture benchmark: eager CuPy vs graph replay per token, captured coverage
 #                                               -> $OUT/capture_bench.json
+#   5. capture per export idiom (benchmarks/capture_holds.py) -> $OUT/capture_holds.json
 #   and $OUT/summary.json with each stage's exit status and time.
 # Needs only what a GPU image has (numpy, onnx, onnxruntime, pandas, pytest, tqdm,
 # cupy); installs nothing and reaches no registry: the package runs from the checkout
@@ -86,6 +87,11 @@ PY
 
 stage capture_bench 150 python benchmarks/capture.py --size small --tokens 32 --json "$OUT/capture_bench.json"
 
+# does capture hold per export idiom (and on the real-exporter set when carried): replayed
+# share, captures per 100 tokens, ms/token capture on vs off, Generator and a plain run loop
+stage capture_holds 150 python benchmarks/capture_holds.py --backend cuda --tokens 24 \
+    ${WORKBENCH_REAL_EXPORTS:+--exports "$WORKBENCH_REAL_EXPORTS"} --json "$OUT/capture_holds.json"
+
 python - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -100,7 +106,7 @@ if os.path.exists(xml):
     root = ET.parse(xml).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     summary["cuda_tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-for name in ("decode", "capture_bench"):
+for name in ("decode", "capture_bench", "capture_holds"):
     path = f"{out}/{name}.json"
     if os.path.exists(path):
         summary[name] = json.load(open(path))
