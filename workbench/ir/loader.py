@@ -23,6 +23,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import ModelLoadError
 from .contrib_schemas import contrib_shape_inference
 from .graph import Graph, LoadNote, Node, Value
+from .scoped_names import restore_names, scope_names
 from .validate import check_model, check_strings
 from .wire import LiftedBytes, lift_weights
 
@@ -298,6 +299,9 @@ def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
     _import_used_domains(proto, notes)
     _set_weights_aside(proto, weights)
+    # onnx's data propagation keys values by name across the model's graphs: subgraph
+    # names are made unique for inference and given back after (`scoped_names`)
+    restores = scope_names(proto)
     with contrib_shape_inference(opset_map(proto)):
         try:
             # strict first: a failure is reported (a partial inference would hide it) ...
@@ -308,7 +312,9 @@ def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
                 proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
             except Exception:  # noqa: BLE001 - already noted: shapes resolved just in time
                 pass
+            restore_names(proto, restores)
             return proto
+    restore_names(proto, restores)
     untyped = _untyped_nodes(proto.graph)
     if untyped:  # onnx passes over ops it has no schema for without a word
         ops = sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in untyped})
