@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnx
 import pytest
 from builtin_models import BUILT_IN, PROMPT
 
@@ -142,3 +143,45 @@ def test_divergences_survive_save_and_load(tmp_path):
     assert len(a) == len(b) > 0
     np.testing.assert_allclose(a.max_abs_err.to_numpy(float), b.max_abs_err.to_numpy(float))
     assert list(a.node) == list(b.node)
+
+
+def test_the_same_infinity_is_no_divergence_and_a_different_one_is():
+    """A Constant of -inf (a mask's fill value, optimum's merged decoder) compared with
+    itself gave inf - inf = NaN, read as a divergence of inf: every shadowed step of
+    that export raised. The same infinity matches; another value or sign does not."""
+    from workbench.backend import CpuBackend
+    from workbench.executor.shadow import difference
+
+    cpu = CpuBackend()
+    fill = np.array([-np.inf, 1.0, np.inf], np.float32)
+    assert difference(cpu, fill, fill.copy()) is None
+    assert difference(cpu, fill, np.array([np.inf, 1.0, np.inf], np.float32)) == np.inf
+    assert difference(cpu, fill, np.array([-np.inf, 1.0, 3.0], np.float32)) == np.inf
+    assert difference(cpu, np.array([np.nan], np.float32), np.array([np.nan], np.float32)) is None
+
+
+def test_a_minus_infinity_mask_decodes_under_shadow_raise():
+    """Where(mask, scores, -inf) over 8 memo-replayed runs on one input buffer, shadowed
+    at every step, against onnxruntime."""
+    nodes = [onnx.helper.make_node("Constant", [], ["fill"], value=onnx.numpy_helper.from_array(
+                 np.array([-np.inf], np.float32), "fill")),
+             onnx.helper.make_node("Greater", ["x", "zero"], ["keep"]),
+             onnx.helper.make_node("Where", ["keep", "x", "fill"], ["masked"]),
+             onnx.helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    graph = onnx.helper.make_graph(
+        nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 6])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 6])],
+        [onnx.numpy_helper.from_array(np.float32(0), "zero")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    session = workbench.InferenceSession(model, workbench.SessionOptions(shadow="raise", trace=True))
+    import onnxruntime as ort
+
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.zeros((1, 6), np.float32)
+    rng = np.random.default_rng(0)
+    for run in range(8):
+        x[...] = rng.standard_normal((1, 6))
+        x[0, 0] = abs(x[0, 0]) + 0.1  # one kept entry at least
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], peer.run(None, {"x": x.copy()})[0],
+                                   rtol=1e-6, atol=1e-7, err_msg=f"run {run}")
+    assert session.recording.divergences().empty and len(session.recording.shadow_checks()) >= 4

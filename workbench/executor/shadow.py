@@ -116,9 +116,12 @@ def difference(backend: Any, got: Any, want: Any) -> float | None:
         return None
     if a.dtype.kind in "fc":
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        both_nan = np.isnan(a64) & np.isnan(b64)
-        err = np.where(both_nan, 0.0, np.abs(a64 - b64))
-        bad = ~(err <= ATOL + RTOL * np.abs(b64))
+        # NaN where NaN, and the same infinity (a mask's -inf fill): equal, not inf - inf
+        same = (np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64))
+        with np.errstate(invalid="ignore"):
+            err = np.where(same, 0.0, np.abs(a64 - b64))
+        # relative to a finite reference only: against an infinity every error was within "tolerance"
+        bad = ~(err <= ATOL + RTOL * np.abs(np.where(np.isfinite(b64), b64, 0.0)))
         return float(np.nanmax(np.where(np.isnan(err), math.inf, err))) if bad.any() else None
     if a.dtype.hasobject:
         return None if np.array_equal(a, b) else math.inf
