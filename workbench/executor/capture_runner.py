@@ -42,7 +42,7 @@ import weakref
 from typing import Any
 
 from ..addresses import address, holds_now
-from ..errors import KernelError
+from ..errors import KernelError, MechanismDivergenceError
 from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
     CaptureDecline,
@@ -286,6 +286,9 @@ class CaptureRunner:
         except KernelError as error:  # a genuine kernel bug: it names its node, and the step fails
             self._abort(backend, backend_graph, cap)
             self._log_retire(rec, slot, "kernel_error", str(error))
+            raise
+        except MechanismDivergenceError:  # shadow="raise" in a seam's subgraph: the finding, not a capture failure
+            self._abort(backend, backend_graph, cap)
             raise
         except Exception as error:  # noqa: BLE001 - begin/end_capture or the driver refused
             self._abort(backend, backend_graph, cap)
