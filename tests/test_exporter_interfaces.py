@@ -374,3 +374,22 @@ def test_gqa_fed_no_mask_never_shares_its_past_buffer(kv):
     assert got.tokens == want.tokens
     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
+def test_a_genai_export_converted_to_fp16_keeping_its_io_types_decodes_fixed_kv():
+    """onnxruntime's fp16 converter with keep_io_types=True puts a Cast before and after
+    GroupQueryAttention: discovery reads the head size through the present's Cast, and
+    the past is no longer the buffer GQA writes (it reads a cast copy), so a fixed cache
+    goes through views of its filled rows. It bound the full buffer as its own present
+    and failed ('bound output present.0.key has shape (1, 2, 16, 16) but the model
+    produced (1, 2, 4, 16)'). Tokens against onnxruntime's own fp16 decode."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(exports.genai_builder(models.llama("tiny", flavor="genai")),
+                                     keep_io_types=True)
+    peer = Generator(ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]))
+    want = peer.generate([3, 4, 5, 6], 12, kv="growing", progress=False, eos_token_id=-1).tokens
+    generator = Generator(workbench.InferenceSession(model))
+    assert not generator.supports_shared_buffer
+    for kv in ("fixed", "auto"):
+        assert generator.generate([3, 4, 5, 6], 12, kv=kv, progress=False, eos_token_id=-1).tokens == want, kv

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, check, discover
+from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, check, discover, graph_evidence
 from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
 #: staged input buffers kept (by input and shape); a growing mask would otherwise
@@ -293,14 +293,21 @@ def _shares_kv_buffers(io: DecodeInterface, session: Any) -> bool:
     (seqlens_k); an export with no mask measures its past by its shape, and one that
     declares its present as past + n (transformers' exporter after onnxruntime's CPU
     fusions) grows a new one each step: fed a full-capacity past, both attend to the
-    unwritten rows, with no error."""
+    unwritten rows, with no error. Nor can a present the attention op does not write
+    itself."""
     if io.attention_mask is None:
         return False
     declared = {o.name: o.shape for o in session.get_outputs()}
+    producers = graph_evidence(session).producers
     for s in io.kv:
         shape = declared.get(s.present) or []
         dim = shape[s.seq_axis] if len(shape) > s.seq_axis else None
         if isinstance(dim, str) and "+" in dim:
+            return False
+        # the attention op must write the present itself: through a Cast (onnxruntime's fp16
+        # converter with keep_io_types) the past it reads is a copy, never the bound buffer
+        made_by = producers.get(s.present)
+        if producers and (made_by is None or made_by.op_type not in SHARED_BUFFER_OPS):
             return False
     return True
 

@@ -173,7 +173,9 @@ class _Graph:
     producers: dict[str, Any] = field(default_factory=dict)
 
 
-def _graph_evidence(session: Any) -> _Graph:
+def graph_evidence(session: Any) -> _Graph:
+    """What the model file says of its nodes, weights and shapes (and the loaded graph's
+    inferred shapes for a workbench session)."""
     from .runners import is_workbench_session, model_proto  # noqa: PLC0415
 
     proto = model_proto(session)
@@ -226,7 +228,13 @@ def _width(ev: _Graph, value: str) -> tuple[int, str] | None:
 
 
 def _gqa_dims(ev: _Graph, present: str) -> tuple[dict[int, int], str] | None:
-    """{axis: size} of a GroupQueryAttention present output (kv heads on 1, head size on 3)."""
+    """{axis: size} of a GroupQueryAttention present output (kv heads on 1, head size on 3),
+    through the Cast that onnxruntime's fp16 converter puts after it (keep_io_types)."""
+    for _ in range(4):
+        node = ev.producers.get(present)
+        if node is None or node.op_type not in ("Cast", "Identity") or not node.input:
+            break
+        present = node.input[0]
     for node in ev.nodes:
         if node.op_type != "GroupQueryAttention" or present not in list(node.output)[1:3]:
             continue
@@ -353,7 +361,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
             if axis == len(shape) - 1 and head_size is not None:
                 found = (head_size, "user override (head_size=)")
             if found is None:
-                ev = ev or _graph_evidence(session)
+                ev = ev or graph_evidence(session)
                 gqa = _gqa_dims(ev, present)
                 if gqa and axis in gqa[0]:
                     found = (gqa[0][axis], gqa[1])
