@@ -14,6 +14,7 @@ from .errors import (
     MechanismDivergenceError,
     MemoVerifyError,
     ModelLoadError,
+    SessionBusyError,
     UnsupportedOperatorError,
     WorkbenchError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ModelLoadError",
     "NodeArg",
     "Recording",
+    "SessionBusyError",
     "RunOptions",
     "SessionOptions",
     "UnsupportedOperatorError",

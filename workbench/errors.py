@@ -41,6 +41,11 @@ class BackendUnavailableError(WorkbenchError):
     """The requested backend (e.g. CUDA) cannot be used on this machine."""
 
 
+class SessionBusyError(WorkbenchError):
+    """A session already runs a decode: it runs one at a time (its buffers, memo, captured
+    graphs and Recording belong to one decode); a second would mix the two."""
+
+
 class MemoVerifyError(WorkbenchError):
     """Verify mode caught the decode-plan memo replaying something a full resolve disagrees with."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,14 +166,28 @@ class Generator:
         result = GenerationResult(prompt, [], [], mode, shared, False)
         budget = min(max_new_tokens, max_length - len(prompt) - speculative)
         bar = _progress(budget, progress)
-        # the cache and staged feeds are written on the session's stream, in order with its kernels
-        with self._work_scope:
+        # one decode per session at a time; the cache and staged feeds are written on the
+        # session's stream, in order with its kernels
+        with self._claim_sessions(), self._work_scope:
             cache = _KvCache(self.interface, mode, shared, max_length, self.xp, self._backend)
             try:
                 self._decode(result, cache, budget, eos, speculative, ngram, return_logits, bar, on_token)
             finally:
                 bar.close()
         return result
+
+    def _claim_sessions(self) -> contextlib.ExitStack:
+        """Hold every workbench session of this decode (`InferenceSession.decoding`)."""
+        stack = contextlib.ExitStack()
+        try:
+            for session in (self.session, self.prefill_session):
+                if session is not None and hasattr(session, "decoding"):
+                    stack.enter_context(session.decoding(f"a Generator.generate decode (thread "
+                                                         f"{threading.current_thread().name})"))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
 
     def _decode(self, result: GenerationResult, cache: _KvCache, budget: int, eos: int | None,
                 speculative: int, ngram: int, return_logits: bool, bar: Any,

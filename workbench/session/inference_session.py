@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +12,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..dtypes import ort_type_string
-from ..errors import InputError
+from ..errors import InputError, SessionBusyError
 from ..executor import Executor
 from ..executor.describe import plan_rows, value_rows
 from ..executor.optimize import optimize, rewrite_rows
@@ -42,6 +44,12 @@ class InferenceSession:
     """
 
     def __init__(self, model: Any, options: SessionOptions | None = None, backend: str = "cpu"):
+        # one run at a time: the executor's buffers, memo and captured graphs are the
+        # session's (concurrent `run` calls wait their turn, as onnxruntime allows them);
+        # one decode at a time (`decoding`)
+        self._run_lock = threading.RLock()
+        self._decode_lock = threading.Lock()
+        self._decoding_now = ""
         self.options = options or SessionOptions()
         self.backend = get_backend(backend)
         #: the graph as loaded from the model, before load-time rewrites (its structure;
@@ -86,7 +94,7 @@ class InferenceSession:
                     f"unknown output {name!r}; the model's outputs are {sorted(self._output_ids)}"
                 )
         ro = run_options or RunOptions()
-        with self.backend.work_scope():
+        with self._run_lock, self.backend.work_scope():
             feeds = self._check_inputs(input_feed)
             self.executor.run(feeds, slot=ro.slot, phase=ro.phase)
             return [self._output(self._output_ids[n]) for n in names]
@@ -98,13 +106,28 @@ class InferenceSession:
         """Run with bound inputs; bound output arrays are written in place."""
         caller_outputs = {self._output_ids[n]: a for n, a in binding.outputs.items() if a is not None}
         ro = run_options or RunOptions()
-        with self.backend.work_scope():
+        with self._run_lock, self.backend.work_scope():
             feeds = self._check_inputs(binding.inputs)
             self.executor.run(feeds, caller_outputs, slot=ro.slot, phase=ro.phase)
             binding._results = {
                 name: (array if array is not None else self._output(self._output_ids[name]))
                 for name, array in binding.outputs.items()
             }
+
+    @contextlib.contextmanager
+    def decoding(self, who: str = "a decode"):
+        """Hold the session for one decode (`Generator.generate` does): a second decode
+        started meanwhile, from another thread or a re-run notebook cell, raises
+        SessionBusyError instead of interleaving its steps with this one's."""
+        if not self._decode_lock.acquire(blocking=False):
+            raise SessionBusyError(
+                f"this InferenceSession is already running {self._decoding_now}; it runs one decode at a time "
+                "(wait for it, stop it, or give the second decode a session of its own)")
+        self._decoding_now = who
+        try:
+            yield self
+        finally:
+            self._decode_lock.release()
 
     # -- introspection --------------------------------------------------------------------
 
