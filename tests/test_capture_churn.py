@@ -49,7 +49,7 @@ def test_the_summary_says_which_segment_re_recorded_and_why(churning, holding):
     s = reports.summary(churning).set_index("metric")
     assert s.loc["segments re-recorded", "value"] == 1
     line = reports.summary(churning).query("metric == 're-recorded'")["text"].iloc[0]
-    assert "re-recorded 2 times" in line and "binding_changed: row address: 3" in line
+    assert "retired 3 times (binding_changed: row address: 3)" in line and "re-recorded 2 times" in line
     assert "rerecord_limit" in line
     assert "re-recorded 2 times" in reports.summary_text(churning)
     quiet = reports.summary(holding).set_index("metric")

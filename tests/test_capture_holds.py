@@ -245,6 +245,39 @@ def test_a_plain_run_loop_with_fresh_feeds_replays(backend):
     assert runs.session.executor.state.capture.staged_feeds
 
 
+def feed_view() -> onnx.ModelProto:
+    """torch.onnx dynamo gpt2: a layer reads a view of a feed, taken by a Reshape whose
+    target is computed from a fed value (a seam: it reads the target on the host); no
+    captured node reads the feed itself."""
+    nodes = [helper.make_node("Concat", ["one", "width"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["view"]),
+             # the layers' first node reads the view; its own shape is known
+             helper.make_node("ReduceMean", ["view"], ["scale"], keepdims=0),
+             helper.make_node("Mul", ["base", "scale"], ["xs"])]
+    mlp, weights = _mlp_nodes("xs", "y")
+    rng = np.random.default_rng(9)
+    inits = [_const("one", np.array([1], np.int64)),
+             _const("base", rng.standard_normal((1, WIDTH)).astype(np.float32)), *weights]
+    return _model(nodes + mlp, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, WIDTH]),
+                                helper.make_tensor_value_info("width", TensorProto.INT64, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])], inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fresh_feed_read_through_a_view_is_staged(backend):
+    """The segment reads a zero-copy view of the feed, not the feed: the view moved with
+    each fresh array ('binding_changed: view address'). The feed the chain starts from
+    is staged."""
+    runs = _Runs(feed_view(), backend)
+    rng = np.random.default_rng(8)
+    for run in range(RUNS):
+        runs.step({"x": rng.standard_normal((1, 1, WIDTH)).astype(np.float32),
+                   "width": np.array([WIDTH], np.int64)}, f"run {run}")
+    _assert_holds(runs)
+    x = runs.session.graph.by_name["x"]
+    assert x in runs.session.executor.state.capture.staged_feeds
+
+
 def test_stable_io_binding_inputs_are_not_staged():
     """IOBinding of arrays that stay put: nothing to copy, the graphs read them directly."""
     proto = range_positions()

@@ -149,17 +149,14 @@ class CaptureRunner:
                 reads.update(external_inputs(plan, seg.nodes))
         reads -= inside | set(graph.initializers) | bound
         inputs = set(graph.inputs)
-        seen = cap.seen[2] if cap.seen is not None else {}
-        env = ex.env
-        cap.staged_feeds = tuple(vid for vid in sorted(reads & inputs) if hasattr(env[vid], "shape")
-                                 and (cap.staging.get(vid) is env[vid] or seen.get(vid) != address(env[vid])))
         outputs = set(graph.outputs)  # handed to the caller (a growing present uncopied): never reused
         dispatch = ex.state.dispatch
         made_by = {vid: (d, j) for d in dispatch for j, vid in enumerate(d.p.outputs) if vid >= 0}
-        kept = set()
+        kept, fed = set(), set()
         for vid in reads:
             # a segment reading a zero-copy view reads its source's buffer: keep the first
-            # value up the chain that owns its bytes (a layout copy owns them too)
+            # value up the chain that owns its bytes (a layout copy owns them too), or
+            # stage the feed the chain starts from
             while vid in made_by:
                 d, j = made_by[vid]
                 if d.outs[j] is not None:
@@ -169,6 +166,12 @@ class CaptureRunner:
                 if not d.view or not d.p.inputs or d.p.inputs[0] < 0:
                     break
                 vid = d.p.inputs[0]
+            if vid in inputs and vid not in bound:
+                fed.add(vid)
+        seen = cap.seen[2] if cap.seen is not None else {}
+        env = ex.env
+        cap.staged_feeds = tuple(vid for vid in sorted(fed) if hasattr(env[vid], "shape")
+                                 and (cap.staging.get(vid) is env[vid] or seen.get(vid) != address(env[vid])))
         cap.kept_values = frozenset(kept)
 
     def stage_feeds(self, cap: SlotCapture) -> None:

@@ -1,7 +1,7 @@
 """Capture churn: which captured segments were recorded again and again, and why.
 
     reports.capture_churn(rec)   # per slot and segment: captures, replays, retires by reason, capture time
-    reports.churn_lines(rec)     # the same as sentences, worst first ("segment 3 re-recorded 9 times: ...")
+    reports.churn_lines(rec)     # the segments whose retires re-recorded the slot, as sentences, worst first
 
 A graph that is retired and recorded again costs a recording (and, on the CPU, the
 eager step before it) for nothing: the mechanism has stopped paying. Read from the
@@ -94,21 +94,23 @@ def capture_churn(src: Recording | Frames) -> pd.DataFrame:
                      "; ".join(f"{r}: {n}" for r, n in counts.items()), bool(limited),
                      int(g["step"].min()), int(g["step"].max())))
     out = pd.DataFrame(rows, columns=CHURN_COLUMNS)
-    return out.sort_values(["re_records", "retires", "slot"], ascending=[False, False, True],
+    # the segments whose checks failed first (they cost every segment of the slot a re-record)
+    return out.sort_values(["retires", "re_records", "slot"], ascending=[False, False, True],
                            kind="stable").reset_index(drop=True)
 
 
 def churn_lines(src: Recording | Frames, limit: int = 5) -> list[str]:
-    """The segments recorded more than once, as sentences, worst first; empty when every
-    graph was recorded once."""
+    """The segments whose retires made the slot record its graphs again, as sentences,
+    worst first (a retire re-records every segment of the slot; the line names the one
+    whose check failed, and why); empty when no graph was retired."""
     churn = capture_churn(src)
-    churn = churn[churn["re_records"] > 0]
+    churn = churn[churn["retires"] > 0]
     lines = []
     for r in churn.head(limit).itertuples(index=False):
         span = f"nodes {int(r.first_node)}-{int(r.last_node)}" if pd.notna(r.first_node) else "nodes ?"
         tail = "; now kept eager (rerecord_limit)" if r.limited else ""
-        lines.append(f"{r.slot} segment {r.segment} ({span}) re-recorded {r.re_records} times, "
-                     f"{r.retires} retires ({r.retire_reasons}), {r.capture_ms:.1f} ms recording{tail}")
+        lines.append(f"{r.slot} segment {r.segment} ({span}) retired {r.retires} times ({r.retire_reasons}), "
+                     f"re-recorded {r.re_records} times, {r.capture_ms:.1f} ms recording{tail}")
     return lines
 
 

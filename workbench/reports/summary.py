@@ -133,7 +133,8 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
         add("capture", "segments re-recorded", len(re_recorded),
             "none: every graph was recorded once" if re_recorded.empty else
             f"{len(re_recorded)} segments recorded again after a retire "
-            f"({int(re_recorded['re_records'].sum())} re-records)")
+            f"({int(re_recorded['re_records'].sum())} re-records, "
+            f"{int(churn['retires'].sum())} retires)")
         for line in churn_lines(f, limit=3):
             add("capture", "re-recorded", None, line)
         costs = seam_costs(f, by="reason")
