@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..addresses import address
+from ..ops.registry import replay_kernel
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
 from .shapes import symbols_in
+from .views import is_view_of
 
 _KV_NAME = re.compile(r"^(past|present)", re.IGNORECASE)
 
@@ -126,6 +128,45 @@ class SlotCapture:
         self.graphs.clear()
         self.warm = False
         self.retires += 1
+
+
+class LaunchRecorder:
+    """What dispatch tells a segment being recorded, once per node: the one hook the
+    capture has in the node loop. A backend whose stream records (CUDA) has the
+    kernels' launches already and notes nothing; the CPU backend records each node as
+    the launch its replay repeats, with the very arrays it ran on."""
+
+    def __init__(self, backend: Any, graph: Any):
+        self.backend = backend
+        self.graph = graph
+
+    def copied(self, source: Any, copy: Any) -> None:
+        """A contiguity copy the node's inputs needed: a launch of its own."""
+        self.backend.record(self.graph, copy_launch, [source], [copy])
+
+    def dispatched(self, d: Any, ins: list, outs: list, env: list, owners: dict[int, int]) -> None:
+        """Node `d` ran on `ins` into `outs`; `env` holds what it produced. What a replay
+        must redo: every write into a buffer, a copy a layout node made (into the array
+        this run produced) or an output created just in time included. A pure zero-copy
+        view is no work: its replay is the view itself."""
+        slots = list(outs)
+        for j, vid in enumerate(d.p.outputs):
+            if vid < 0 or outs[j] is not None:
+                continue
+            arr = env[vid]
+            made = owners.get(vid) == vid if d.view else not any(
+                is_view_of(arr, x) for x in ins if x is not None)
+            if made:
+                slots[j] = arr
+        if not d.view or any(o is not None for o in slots):
+            # every replay passes these very arrays: a kernel's checks of them are made once, here
+            self.backend.record(self.graph, replay_kernel(d.p.fn, ins, slots), ins, slots)
+
+
+def copy_launch(ins: list, outs: list) -> tuple:
+    """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
+    outs[0][...] = ins[0]
+    return (outs[0],)
 
 
 def growing_symbols(graph: Any) -> set[str]:

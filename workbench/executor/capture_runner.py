@@ -47,6 +47,7 @@ from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
     CaptureDecline,
     CapturedGraph,
+    LaunchRecorder,
     SlotCapture,
     binding_signature,
     describe_change,
@@ -258,7 +259,7 @@ class CaptureRunner:
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
                 with recording_launches(label, {id(arr): (arr, host) for arr, host in baked.values()}):
-                    run_nodes(seg.nodes, graph=graph)
+                    run_nodes(seg.nodes, LaunchRecorder(backend, graph))
                 graph = backend.end_capture(graph)
                 backend_graph = None
                 if not backend.capture_executes_work:  # the capture rule above: run what was recorded

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import AllocationError, InputError, KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
-from ..ops.registry import CaptureViolation, host_read, replay_kernel
+from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
 from .io_rows import IO_COLUMNS, IoRows, io_layout
@@ -271,7 +271,7 @@ class Executor(DecodeMemoSteps):
         folded = fold.nodes if action == "replayed" and fold is not None and fold.validated else ()
         self._folded = folded
 
-        def run_nodes(indices, graph=None):
+        def run_nodes(indices, recorder=None):
             for k in indices:
                 d = dispatch[k]
                 if k in folded:
@@ -280,7 +280,7 @@ class Executor(DecodeMemoSteps):
                 if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
                     reinstated.append(k)
                     continue
-                self._dispatch_node(d, env, bindings, rec, released, pinned, graph, node_log, clock)
+                self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
 
         if self.jit_only:
             run_nodes(range(len(dispatch)))
@@ -369,11 +369,13 @@ class Executor(DecodeMemoSteps):
         return found
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
-                       released: dict[int, int], pinned: set[int], graph: Any = None,
+                       released: dict[int, int], pinned: set[int], recorder: Any = None,
                        node_log: list | None = None, clock: Any = None) -> None:
         """Run one node. While traced, its row goes onto `node_log` (the Recording's),
         timed by `clock` (the host's, or None: the backend's timers): both read once a
-        step by `run`, not once a node."""
+        step by `run`, not once a node. While a segment is recorded, `recorder`
+        (`capture.LaunchRecorder`) is told of the node once it has run: the one hook
+        the capture has in dispatch."""
         p = d.p
         ins = [env[i] if i >= 0 else None for i in p.inputs]
         if d.skippable and not self.jit_only and self.skip_unchanged_if \
@@ -395,7 +397,7 @@ class Executor(DecodeMemoSteps):
         for pos in d.contiguous:
             x = ins[pos]
             if x is not None and not x.flags.c_contiguous:
-                ins[pos] = self._contiguous_copy(x, graph)
+                ins[pos] = self._contiguous_copy(x, recorder)
                 if rec is not None:
                     rec.materialize(p.index, p.inputs[pos], x.nbytes, "kernel needs a contiguous input")
         # device time, not launch time: the backend's timer waits for the node's kernels
@@ -409,12 +411,11 @@ class Executor(DecodeMemoSteps):
         except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - every kernel failure is reported the same way
-            if graph is not None:  # no retry while recording: a retry's launches would not be replayed
+            if recorder is not None:  # no retry while recording: a retry's launches would not be replayed
                 raise kernel_error(p, self.graph.values, ins, e) from e
             res = self._retry_unallocated(p, ins, outs, e)
         if node_log is not None:  # onto the Recording's node log: no call into it between kernels
             node_log += (p.index, "eager", clock() - t0 if clock is not None else self.backend.stop_timer(t0))
-        materialized = None  # while recording: (slot, array) of outputs created just in time
         for j, vid in enumerate(p.outputs):
             if vid < 0:
                 continue
@@ -426,8 +427,6 @@ class Executor(DecodeMemoSteps):
                 env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
                 if vid in self.state.capture.kept_values and self._owners.get(vid) == vid:
                     env[vid] = self._keep(vid, env[vid])  # a layout copy a captured segment reads
-                if graph is not None and self._owners.get(vid) == vid:
-                    materialized = (materialized or []) + [(j, env[vid])]
             elif o is not None and getattr(r, "shape", None) == o.shape:
                 o[...] = r
                 env[vid] = o
@@ -435,18 +434,8 @@ class Executor(DecodeMemoSteps):
                 env[vid] = self._adopt(p, vid, r, bindings)
                 if vid in self.state.capture.kept_values:  # read by a captured segment: keep its address
                     env[vid] = self._keep(vid, env[vid])
-                if graph is not None and not any(is_view_of(r, x) for x in ins if x is not None):
-                    materialized = (materialized or []) + [(j, env[vid])]
-        if graph is not None:
-            # What a replay must redo: every write into a buffer, including a copy a
-            # layout node made (into the array this run produced) or into a caller-bound
-            # output. A pure zero-copy view is no work: its replay is the view itself.
-            slots = list(outs)
-            for j, arr in materialized or ():
-                slots[j] = arr
-            if not d.view or any(o is not None for o in slots):
-                # every replay passes these very arrays: a kernel's checks of them are made once, here
-                self.backend.record(graph, replay_kernel(p.fn, ins, slots), ins, slots)
+        if recorder is not None:
+            recorder.dispatched(d, ins, outs, env, self._owners)
         if rec is not None and d.alias is not None:
             rec.alias(*d.alias, p.index)
         for owner in d.release:
@@ -463,14 +452,14 @@ class Executor(DecodeMemoSteps):
         buf[...] = arr
         return buf
 
-    def _contiguous_copy(self, x: Any, graph: Any) -> Any:
+    def _contiguous_copy(self, x: Any, recorder: Any) -> Any:
         """A C-contiguous copy of a strided input. While recording, the copy goes into
         a buffer the graph keeps and is itself a recorded launch, so every replay
         copies the current contents (not the capture run's)."""
         copy = self.backend.allocate(tuple(x.shape), x.dtype)
         copy[...] = x
-        if graph is not None:
-            self.backend.record(graph, copy_launch, [x], [copy])
+        if recorder is not None:
+            recorder.copied(x, copy)
         return copy
 
     def _request_replan(self, why: str) -> None:
@@ -703,12 +692,6 @@ def in_place_pair(p: PlanNode, slot_and_position: tuple[int, int] | None) -> tup
         return None
     slot, pos = slot_and_position
     return p.outputs[slot], p.inputs[pos]
-
-
-def copy_launch(ins: list, outs: list) -> tuple:
-    """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
-    outs[0][...] = ins[0]
-    return (outs[0],)
 
 
 def kernel_error(p: PlanNode, values: list, ins: list, error: Exception) -> KernelError:
