@@ -448,7 +448,8 @@ def test_a_replay_restores_one_set_while_the_same_graphs_stay_installed():
     from workbench.executor.capture_runner import CaptureRunner
 
     cap = SlotCapture()
-    cap.graphs = {0: SimpleNamespace(outputs={5: None, 6: None}), 2: SimpleNamespace(outputs={9: None})}
+    cap.graphs = {0: SimpleNamespace(outputs={5: None, 6: None}, free=lambda: None),
+                  2: SimpleNamespace(outputs={9: None}, free=lambda: None)}
     first = CaptureRunner.replay_restores(cap)
     assert first == {5, 6, 9} and CaptureRunner.replay_restores(cap) is first
     cap.retire()

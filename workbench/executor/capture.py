@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import operator
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..addresses import address
+from ..addresses import address, holds_now
 from ..ops.registry import replay_kernel
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
 from .shapes import symbols_in
@@ -68,6 +69,78 @@ class CapturedGraph:
     #: (value, owner, shape, strides, byte offset, plan index) of each zero-copy view the
     #: segment defines, as recorded: every replay restores the view, which pins its owner
     views: tuple = ()
+    #: the inputs the last passing check saw, kept to tell them again cheaply (`_same_binding`)
+    _seen: tuple | None = field(default=None, repr=False)
+
+    # -- the lifecycle: check, replay, free ------------------------------------------------
+
+    def mismatch(self, env: list, dispatch: list, graph: Any, bound_slots: dict,
+                 control_flow_outputs: set[int]) -> tuple[str, str] | None:
+        """Why this graph cannot replay on the values `env` holds now, as (retire reason,
+        detail), or None: an input moved, changed shape, strides or dtype since the
+        recording, or a node of the segment has another output buffer than it wrote."""
+        if not self._same_binding(env, graph.initializers):
+            now = binding_signature(env, [entry[0] for entry in self.signature])
+            if now != self.signature:
+                return describe_change(graph, self.signature, now, control_flow_outputs)
+        if self.buffers_current(dispatch):
+            return None
+        for k, j, arr in self.buffers:
+            if dispatch[k].outs[j] is not arr:
+                vid = dispatch[k].p.outputs[j]
+                name = graph.values[vid].name
+                if vid in bound_slots:
+                    return "binding_changed", f"{name} address (caller-bound output)"
+                return "buffers_reallocated", f"{name} has a new buffer"
+        return None
+
+    def replay(self, backend: Any, env: list) -> None:
+        """Launch the recorded work and put what it wrote back into `env`."""
+        backend.launch(self.graph)
+        for vid, arr in self.outputs.items():
+            env[vid] = arr
+
+    def free(self) -> None:
+        """Let go of the backend graph and the buffers it addresses (its pool with them)."""
+        self.graph, self.outputs, self.buffers, self._checked, self._seen = None, {}, [], None, None
+
+    def _same_binding(self, env: list, initializers: Any) -> bool:
+        """True when every input is as `binding_signature` recorded it at capture time
+        (dtype, shape, strides, address); False sends the check to the full comparison.
+
+        After a check passes, the very objects it saw are kept (weakly) with their dtype
+        objects: the next step an input that is the same object, with the same dtype
+        object, shape and strides, is as it was (same size, so not moved; see
+        `KnownAddresses`); any other input has its address read. Initializers (most of
+        a segment's inputs: its weights) are the executor's own arrays for its whole
+        life, never reshaped: they are kept strongly and checked by identity alone."""
+        seen = self._seen
+        if seen is not None:
+            live, same_initializers = seen
+            if same_initializers(env):
+                for vid, shape, strides, ref, dtype in live:
+                    a = env[vid]
+                    if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
+                        break
+                else:
+                    return True
+        self._seen = None
+        live, fixed = [], []
+        for vid, dtype, shape, strides, addr in self.signature:
+            a = env[vid]
+            if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
+                    or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
+                return False
+            if vid in initializers:
+                fixed.append(vid)
+            else:
+                live.append((vid, shape, strides, a, a.dtype))
+        try:
+            live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
+        except TypeError:  # something without weak references: check it in full every step
+            return True
+        self._seen = (live, holds_now(env, fixed))
+        return True
 
     def buffers_current(self, dispatch: list) -> bool:
         """Whether every node of `dispatch` still writes where the launches do. The
@@ -124,7 +197,19 @@ class SlotCapture:
     def installed(self) -> bool:
         return bool(self.graphs)
 
+    def next_action(self, steady: bool, fold_pending: bool) -> str:
+        """The slot's lifecycle as a counter of what it has seen, like tinygrad's
+        TinyJit: "warm_up" (run eagerly: a re-planned step, no eager step with this
+        plan yet, or a shape fold still to be checked, which a recording a step later
+        can bake), then "capture" (record each captured segment), then "replay" until
+        a retire sends it back to warming up."""
+        if not steady or not self.installed and (not self.warm or fold_pending):
+            return "warm_up"
+        return "replay" if self.installed else "capture"
+
     def retire(self) -> None:
+        for captured in self.graphs.values():
+            captured.free()
         self.graphs.clear()
         self.warm = False
         self.retires += 1

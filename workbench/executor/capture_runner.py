@@ -38,10 +38,9 @@ eager step or makes its node a seam with a reason:
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
-from ..addresses import address, holds_now
+from ..addresses import address
 from ..errors import KernelError, MechanismDivergenceError
 from ..ops.registry import CaptureViolation, recording_launches
 from .capture import (
@@ -50,7 +49,6 @@ from .capture import (
     LaunchRecorder,
     SlotCapture,
     binding_signature,
-    describe_change,
     external_inputs,
     growing_symbols,
     node_decline,
@@ -74,8 +72,6 @@ class CaptureRunner:
         self.replayed_nodes: list[int] = []
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
-        #: (slot, segment) -> (captured graph, (weakref, dtype) of each input its last check saw)
-        self._bindings_seen: dict[tuple, tuple] = {}
         #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)
         self._segment_rows: dict[tuple, tuple[Any, tuple, int]] = {}
 
@@ -219,15 +215,12 @@ class CaptureRunner:
             if rec is not None:
                 self._emit_disabled(rec, slot, disabled)
             return "off"
-        if not steady:
-            if cap.installed:
+        action = cap.next_action(steady, self.ex.shape_fold_pending())
+        if action == "warm_up":
+            if not steady and cap.installed:
                 self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
             return self._warm_up(cap, run_nodes, rec, slot, bindings)
-        if not cap.installed:
-            # a shape fold still to be checked would be trusted (baked) a step later:
-            # record then, so what its values feed can join captured segments
-            if not cap.warm or self.ex.shape_fold_pending():
-                return self._warm_up(cap, run_nodes, rec, slot, bindings)
+        if action == "capture":
             self.segment(cap, bound)
             self.stage_feeds(cap)
             return self._capture(cap, run_nodes, rec, slot, bindings)
@@ -317,7 +310,7 @@ class CaptureRunner:
                 run_nodes(seg.nodes)
                 continue
             captured = cap.graphs[seg.index]
-            why = self._stale(captured, seg)
+            why = captured.mismatch(env, ex.state.dispatch, ex.graph, ex.state.bound_slots, self.control_flow_outputs)
             if why is not None:
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
@@ -325,14 +318,12 @@ class CaptureRunner:
             if rec is not None:  # a host backend's clock read directly, as for an eager node
                 timer = clock() if clock is not None else ex.backend.start_timer()
             try:
-                ex.backend.launch(captured.graph)
+                captured.replay(ex.backend, env)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
-            for vid, arr in captured.outputs.items():
-                env[vid] = arr
             for vid, owner in captured.owners.items():  # what the recorded launches copied
                 ex.set_owner(vid, owner)
             replayed.append(captured)
@@ -383,65 +374,6 @@ class CaptureRunner:
         if kept[1]:
             self.ex.replay_views(*kept[1:], rec)
 
-    def _stale(self, captured: CapturedGraph, seg: Any) -> tuple[str, str] | None:
-        ex = self.ex
-        if not self._same_binding(captured, (ex.state.name, seg.index)):
-            now = binding_signature(ex.env, [entry[0] for entry in captured.signature])
-            if now != captured.signature:
-                return describe_change(ex.graph, captured.signature, now, self.control_flow_outputs)
-        dispatch = ex.state.dispatch
-        if captured.buffers_current(dispatch):
-            return None
-        for k, j, arr in captured.buffers:
-            if dispatch[k].outs[j] is not arr:
-                vid = ex.plan.nodes[k].outputs[j]
-                name = ex.graph.values[vid].name
-                if vid in ex.state.bound_slots:
-                    return "binding_changed", f"{name} address (caller-bound output)"
-                return "buffers_reallocated", f"{name} has a new buffer"
-        return None
-
-    def _same_binding(self, captured: CapturedGraph, key: tuple) -> bool:
-        """True when every input is as `binding_signature` recorded it at capture time
-        (dtype, shape, strides, address); False sends the step to the full comparison.
-
-        After a check passes, the very objects it saw are kept (weakly, per slot and
-        segment) with their dtype objects: the next step an input that is the same
-        object, with the same dtype object, shape and strides, is as it was (same size,
-        so not moved; see `KnownAddresses`); any other input has its address read.
-        Initializers (most of a segment's inputs: its weights) are the executor's own
-        arrays for its whole life, never reshaped: they are kept strongly and checked
-        by identity alone, in one pass."""
-        env = self.ex.env
-        seen = self._bindings_seen.get(key)
-        if seen is not None and seen[0]() is captured:
-            _, live, same_initializers = seen
-            if same_initializers(env):
-                for vid, shape, strides, ref, dtype in live:
-                    a = env[vid]
-                    if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
-                        break
-                else:
-                    return True
-        self._bindings_seen.pop(key, None)
-        initializers = self.ex.graph.initializers
-        live, fixed = [], []
-        for vid, dtype, shape, strides, addr in captured.signature:
-            a = env[vid]
-            if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
-                    or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
-                return False
-            if vid in initializers:
-                fixed.append(vid)
-            else:
-                live.append((vid, shape, strides, a, a.dtype))
-        try:
-            live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
-        except TypeError:  # something without weak references: check it in full every step
-            return True
-        self._bindings_seen[key] = (weakref.ref(captured), live, holds_now(env, fixed))
-        return True
-
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
         cap.retire()
         self._log_retire(rec, slot, reason, detail, segment)
@@ -459,9 +391,7 @@ class CaptureRunner:
         """Abandon a recording part-way: nothing of it is installed."""
         if backend_graph is not None:
             backend.abort_capture(backend_graph)
-        cap.graphs.clear()
-        cap.retires += 1
-        cap.warm = False
+        cap.retire()
 
     def _eager_instead(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int],
                        reason: str, detail: str) -> str:
