@@ -143,18 +143,26 @@ def _fma(xp: Any, x: Any, y: Any, z: Any) -> Any:
     return (x.astype(np.float64) * y.astype(np.float64) + z.astype(np.float64)).astype(F32)
 
 
+def _binary_params(xp: Any, inputs: list, where: str, zero_as: Any) -> tuple:
+    """(A, B, its three float32 scales, its three zero points as `zero_as`) of a
+    QLinearAdd / QLinearMul: A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
+    C_zero_point, each scale and zero point a scalar."""
+    a, sa, za, b, sb, zb, sc, zc = pad_inputs(inputs, 8)[:8]
+    scales = tuple(_scalar_param(xp, s, where, n, F32).astype(F32) for s, n in
+                   ((sa, "A_scale"), (sb, "B_scale"), (sc, "C_scale")))
+    zeros = tuple(_scalar_param(xp, z, where, n, a.dtype).astype(zero_as) for z, n in
+                  ((za, "A_zero_point"), (zb, "B_zero_point"), (zc, "C_zero_point")))
+    return a, b, scales, zeros
+
+
 @register("QLinearAdd", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 3))
 def build_qlinear_add(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
 
     def run(inputs: list, outs: list) -> tuple:
-        a, sa, za, b, sb, zb, sc, zc = pad_inputs(inputs, 8)[:8]
+        a, b, (sa, sb, sc), (za, zb, zc) = _binary_params(xp, inputs, where, F32)
         dtype = a.dtype
-        sa, sb, sc = (_scalar_param(xp, s, where, n, F32).astype(F32) for s, n in
-                      ((sa, "A_scale"), (sb, "B_scale"), (sc, "C_scale")))
-        za, zb, zc = (_scalar_param(xp, z, where, n, dtype).astype(F32) for z, n in
-                      ((za, "A_zero_point"), (zb, "B_zero_point"), (zc, "C_zero_point")))
         ra, rb = (sa / sc).astype(F32), (sb / sc).astype(F32)
         fixed = (zc - (ra * za + rb * zb)).astype(F32)
         af, bf = a.astype(F32), b.astype(F32)
@@ -175,12 +183,8 @@ def build_qlinear_mul(info: NodeInfo) -> KernelFn:
     where = _where(info)
 
     def run(inputs: list, outs: list) -> tuple:
-        a, sa, za, b, sb, zb, sc, zc = pad_inputs(inputs, 8)[:8]
+        a, b, (sa, sb, sc), (za, zb, zc) = _binary_params(xp, inputs, where, I32)
         dtype = a.dtype
-        sa, sb, sc = (_scalar_param(xp, s, where, n, F32).astype(F32) for s, n in
-                      ((sa, "A_scale"), (sb, "B_scale"), (sc, "C_scale")))
-        za, zb, zc = (_scalar_param(xp, z, where, n, dtype).astype(I32) for z, n in
-                      ((za, "A_zero_point"), (zb, "B_zero_point"), (zc, "C_zero_point")))
         ratio = (sa * sb / sc).astype(F32)
         prod = (a.astype(I32) - za) * (b.astype(I32) - zb)
         v = xp.rint(prod.astype(F32) * ratio) + zc.astype(F32)
