@@ -243,6 +243,8 @@ def run_case(case: Case) -> Failure | None:
             wrong = compare(got[name], expected[name])
             if wrong is not None and np.asarray(got[name]).shape == expected[name].shape:
                 wrong = compare(got[name], expected[name], _conditioning(oracle, name, fed, expected[name]))
+                if wrong is not None and _closer_to_exact(case.model, name, fed, got[name], expected[name]):
+                    wrong = None
             if wrong is not None:
                 return Failure("mismatch", step, name, wrong[0], wrong[1])
         for inp, out in case.feedback.items():
@@ -273,6 +275,51 @@ def _conditioning(oracle, name: str, fed: dict[str, np.ndarray], expected: np.nd
         if out.shape == expected.shape:
             spread = np.fmax(spread, np.abs(out.astype(np.float64) - expected.astype(np.float64)))
     return SPREAD_FACTOR * np.nan_to_num(spread, nan=0.0, posinf=0.0)
+
+
+def _closer_to_exact(model: onnx.ModelProto, name: str, fed: dict[str, np.ndarray], got, expected) -> bool:
+    """Whether the workbench's `name` is no farther from a float64 evaluation of the
+    program (onnx.reference on the model with every float32 made float64) than
+    onnxruntime's is, at its worst element, give or take the fp32 tolerance: a value
+    whose float32 rounding is unstable (a LayerNorm over three equal values: x - mean is
+    0 or a rounding residue, then divided by sqrt(eps); each implementation leaves its
+    residue in other rows) is judged against the exact result, not against one float32
+    implementation. False where the float64 program cannot run."""
+    try:
+        exact = _float64_reference(model).run([name], {k: v.astype(np.float64) if v.dtype == np.float32 else v
+                                                       for k, v in fed.items()})[0]
+    except Exception:  # noqa: BLE001 - no float64 evaluation: the plain verdict stands
+        return False
+    exact = np.asarray(exact, np.float64)
+    a, e = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    if exact.shape != a.shape or not np.isfinite(exact).all():
+        return False
+    scale = max(1.0, float(np.abs(exact).max(initial=0.0)))
+    ours, theirs = float(np.abs(a - exact).max(initial=0.0)), float(np.abs(e - exact).max(initial=0.0))
+    return ours <= 2 * theirs + ATOL * scale
+
+
+def _float64_reference(model: onnx.ModelProto):
+    """onnx.reference over `model` computed in float64: float32 inputs, outputs,
+    value_info, initializers, Constant / ConstantOfShape values and Cast targets."""
+    from onnx import numpy_helper  # noqa: PLC0415
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    m = copy.deepcopy(model)
+    g = m.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    for k, t in enumerate(g.initializer):
+        if t.data_type == onnx.TensorProto.FLOAT:
+            g.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == onnx.TensorProto.FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+            elif node.op_type == "Cast" and a.name == "to" and a.i == onnx.TensorProto.FLOAT:
+                a.i = onnx.TensorProto.DOUBLE
+    return ReferenceEvaluator(m)
 
 
 def _oracle_step(oracle, outputs, arrays, declared, step) -> dict[str, np.ndarray]:
