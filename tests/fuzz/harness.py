@@ -243,7 +243,8 @@ def run_case(case: Case) -> Failure | None:
             wrong = compare(got[name], expected[name])
             if wrong is not None and np.asarray(got[name]).shape == expected[name].shape:
                 wrong = compare(got[name], expected[name], _conditioning(oracle, name, fed, expected[name]))
-                if wrong is not None and _closer_to_exact(case.model, name, fed, got[name], expected[name]):
+                if wrong is not None and (_closer_to_exact(case.model, name, fed, got[name], expected[name])
+                                          or _matches_second_float32_oracle(case.model, name, fed, got[name])):
                     wrong = None
             if wrong is not None:
                 return Failure("mismatch", step, name, wrong[0], wrong[1])
@@ -297,6 +298,22 @@ def _closer_to_exact(model: onnx.ModelProto, name: str, fed: dict[str, np.ndarra
     scale = max(1.0, float(np.abs(exact).max(initial=0.0)))
     ours, theirs = float(np.abs(a - exact).max(initial=0.0)), float(np.abs(e - exact).max(initial=0.0))
     return ours <= 2 * theirs + ATOL * scale
+
+
+def _matches_second_float32_oracle(model: onnx.ModelProto, name: str, fed: dict[str, np.ndarray], got) -> bool:
+    """Whether `name` matches onnx.reference's float32 evaluation within the fp32
+    tolerance: two float32 implementations that round an unstable program alike (numpy's
+    mean of three equal values leaves a residue that onnxruntime's does not; divided by
+    sqrt(eps) it is 1.7e-5) disagree with onnxruntime by rounding, not by a mechanism:
+    a mechanism's wrong value matches neither oracle."""
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    try:
+        second = ReferenceEvaluator(model).run([name], {k: np.array(v) for k, v in fed.items()})[0]
+    except Exception:  # noqa: BLE001 - onnx.reference cannot run it: the plain verdict stands
+        return False
+    second = np.asarray(second)
+    return second.shape == np.asarray(got).shape and compare(got, second) is None
 
 
 def _float64_reference(model: onnx.ModelProto):
