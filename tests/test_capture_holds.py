@@ -46,9 +46,9 @@ def _mlp_nodes(x: str, out: str) -> tuple[list, list]:
     return nodes, [w1, w2]
 
 
-def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
-    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits),
-                             opset_imports=[helper.make_opsetid("", 17)])
+def _model(nodes, inputs, outputs, inits, opset: int = 17, value_info=()) -> onnx.ModelProto:
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits, value_info=list(value_info)),
+                             opset_imports=[helper.make_opsetid("", opset)])
 
 
 def range_positions() -> onnx.ModelProto:
@@ -365,3 +365,67 @@ def test_transformers_prefill_and_decode_export_holds_its_graphs(tmp_path, backe
     tokens, share = _decode_holds(session, prefill)
     assert tokens == cpu
     assert share > 0.3, share
+
+
+def unresolved_layers() -> onnx.ModelProto:
+    """torch.onnx legacy / optimum: the hidden state's shape comes from a Reshape whose
+    target is computed at run time, so shape inference leaves every layer after it
+    unresolved and each of their outputs is sized just in time."""
+    nodes = [helper.make_node("Mul", ["x", "zero_f"], ["zeros"]),  # the width, counted from values
+             helper.make_node("Add", ["zeros", "one_f"], ["ones"]),
+             helper.make_node("ReduceSum", ["ones", "last"], ["count_f"], keepdims=0),
+             helper.make_node("ReduceMax", ["count_f"], ["width_f"], keepdims=0),
+             helper.make_node("Cast", ["width_f"], ["width"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["width", "zero"], ["width1"]),
+             helper.make_node("Concat", ["lead", "width1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["h0"])]
+    mlp, weights = _mlp_nodes("h0", "h1")
+    # between the two blocks a seam sized by those dims (ReduceMean's axes input makes
+    # its output's shape an input value's), read by the second block
+    norm = [helper.make_node("ReduceMean", ["h1", "last"], ["m"], keepdims=1),
+            helper.make_node("Sub", ["h1", "m"], ["h1m"])]
+    mlp2 = [helper.make_node(n.op_type, [{"h0": "h1m", "o": "o2", "r": "r2", "h": "h_2"}.get(i, i) for i in n.input],
+                             [{"h": "h_2", "r": "r2", "o": "o2", "h1": "y"}[o] for o in n.output])
+            for n in mlp]
+    inits = [_const("zero", np.array([0], np.int64)), _const("lead", np.array([1, -1], np.int64)),
+             _const("last", np.array([-1], np.int64)),
+             _const("zero_f", np.float32(0)), _const("one_f", np.float32(1)), *weights]
+    # the dims shape inference names but cannot size, shared along the layers (as an
+    # exporter's `unk__N`): the first block's outputs bind them just in time
+    dims = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["u1", "u2", WIDTH]) for n in ("h0", "h", "r", "o", "h1")]
+    dims.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, ["u1", "u2", 1]))
+    return _model(nodes + mlp + norm + mlp2,
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", "width_in"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=18, value_info=dims)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layers_sized_just_in_time_are_captured_and_replay(backend):
+    """A segment's nodes whose outputs no shape resolution sizes used to be seams
+    ('unresolved_shape': no preallocated buffer), 60-70% of torch.onnx legacy's and
+    optimum's gpt2 steps. Inside a segment an output's shape follows from the inputs'
+    shapes, which every replay checks, so they are recorded with the arrays the
+    recording made; a changed input shape retires the graph, and values stay
+    onnxruntime's throughout. A replay binds the dims the recorded nodes revealed, as
+    running them would: the seam after the first block is sized by them, and without
+    them took a fresh buffer on replay steps only, which retired the second block
+    every step ('binding_changed: m address'; optimum's phi3, 5% replayed)."""
+    runs = _Runs(unresolved_layers(), backend)
+    rng = np.random.default_rng(11)
+    x = np.zeros((1, 1, WIDTH), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)  # the same array, new contents
+        runs.step({"x": x}, f"run {run}")
+    _assert_holds(runs)
+    declines = runs.session.recording.capture_declines()
+    assert not (declines.reason == "unresolved_shape").any(), declines.detail.tolist()
+    cov = reports.capture_coverage(runs.session.recording)
+    late = cov[cov.step >= 4]
+    assert (late.replayed_nodes >= 16).all(), late.replayed_nodes.tolist()
+    # another shape: the recorded arrays are the wrong size; the check sees the input move
+    wide = np.zeros((1, 3, WIDTH), np.float32)
+    for run in range(RUNS):
+        wide[...] = rng.standard_normal(wide.shape)
+        assert runs.step({"x": wide}, f"wide run {run}")["y"].shape == (1, 3, WIDTH)
+    ev = runs.events(after=RUNS)
+    assert (ev.event == "retire").any(), "the first wide run must retire the narrow graph"

@@ -69,6 +69,9 @@ class CapturedGraph:
     #: (value, owner, shape, strides, byte offset, plan index) of each zero-copy view the
     #: segment defines, as recorded: every replay restores the view, which pins its owner
     views: tuple = ()
+    #: the just-in-time symbols the recorded nodes bound (their outputs' sizes): a replay
+    #: binds them again, as running the nodes would, for the dims later nodes resolve
+    symbols: dict = field(default_factory=dict)
     #: the inputs the last passing check saw, kept to tell them again cheaply (`_same_binding`)
     _seen: tuple | None = field(default=None, repr=False)
 
@@ -94,11 +97,13 @@ class CapturedGraph:
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
-    def replay(self, backend: Any, env: list) -> None:
-        """Launch the recorded work and put what it wrote back into `env`."""
+    def replay(self, backend: Any, env: list, bindings: dict[str, int]) -> None:
+        """Launch the recorded work and put what it wrote back into `env`, and the sizes
+        it revealed into `bindings` (fixed by the input shapes `mismatch` checked)."""
         backend.launch(self.graph)
         for vid, arr in self.outputs.items():
             env[vid] = arr
+        bindings.update(self.symbols)
 
     def free(self) -> None:
         """Let go of the backend graph and the buffers it addresses (its pool with them)."""
@@ -347,11 +352,11 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
         v = values[vid]
         if v.kind != "tensor":
             return CaptureDecline(k, "sequence_value", f"output {v.name!r} is a {v.kind}")
-        if not preallocated[j] and not p.spec.produces_view:
-            if p.spec.data_dependent_shape:
-                return CaptureDecline(k, "data_dependent_shape",
-                                      f"output {v.name!r} is sized by input values ({p.node.op_type})")
-            return CaptureDecline(k, "unresolved_shape", f"output {v.name!r} has no preallocated buffer")
+        # an output sized just in time from its inputs' shapes is recorded with the array
+        # it got (a replay checks those shapes); one sized by input values cannot be
+        if not preallocated[j] and p.spec.data_dependent_shape and not p.spec.produces_view:
+            return CaptureDecline(k, "data_dependent_shape",
+                                  f"output {v.name!r} is sized by input values ({p.node.op_type})")
     for vid in (*p.inputs, *p.outputs):
         if vid < 0 or vid in bound:
             continue

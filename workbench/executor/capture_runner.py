@@ -20,8 +20,9 @@ eager step or makes its node a seam with a reason:
 - values a later seam reads: each segment is launched right after it is recorded
   (`_capture`), before the next seam runs;
 - output shapes: a captured node writes a preallocated buffer whose shape the step's
-  resolution gave; one sized just in time declines (`unresolved_shape`,
-  `data_dependent_shape`);
+  resolution gave, or one it sizes just in time from its inputs' shapes (the graph
+  keeps the array the recording made; every replay checks the segment's input shapes,
+  which fix it); an output sized by input values declines (`data_dependent_shape`);
 - host reads of values: the kernel declines (`host_read`) unless every value it reads
   is a validated shape-fold value (`baked`: host copies taken at an eager rebuild step
   and checked at an eager replay; `run_step` does not capture while a fold awaits its
@@ -195,9 +196,11 @@ class CaptureRunner:
         shapes = tuple(getattr(a, "shape", None) for a in env)
         feeds = {vid: address(env[vid]) for vid in ex.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
         before = cap.seen
-        cap.seen = (dict(bindings), shapes, feeds)
-        if before is None or before[0].keys() != bindings.keys() \
-                or any(bindings[s] < n for s, n in before[0].items()):
+        # the regime is the inputs' symbols: just-in-time ones come and go with what ran
+        regime = {s: n for s, n in bindings.items() if s in ex.input_symbols}
+        cap.seen = (regime, shapes, feeds)
+        if before is None or before[0].keys() != regime.keys() \
+                or any(regime[s] < n for s, n in before[0].items()):
             cap.shape_changes = {}
             return
         cap.shape_changes = {vid: (a, b) for vid, (a, b) in enumerate(zip(before[1], shapes))
@@ -249,6 +252,7 @@ class CaptureRunner:
                 inputs = external_inputs(ex.plan, seg.nodes)
                 signature = binding_signature(env, inputs)
                 t0 = time.perf_counter()
+                known = set(bindings)
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
                 with recording_launches(label, {id(arr): (arr, host) for arr, host in baked.values()}):
@@ -266,8 +270,9 @@ class CaptureRunner:
                 observed = ex.observed_views()
                 views = tuple((vid, *observed[vid][1:], k) for k in seg.nodes
                               for vid in ex.plan.nodes[k].outputs if vid in observed)
+                revealed = {s: n for s, n in bindings.items() if s not in known}
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs, time.perf_counter() - t0,
-                                                      buffers, owners=owners, views=views)
+                                                      buffers, owners=owners, views=views, symbols=revealed)
                 if rec is not None:
                     rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
                                 reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
@@ -318,7 +323,7 @@ class CaptureRunner:
             if rec is not None:  # a host backend's clock read directly, as for an eager node
                 timer = clock() if clock is not None else ex.backend.start_timer()
             try:
-                captured.replay(ex.backend, env)
+                captured.replay(ex.backend, env, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)

@@ -74,7 +74,7 @@ class Executor(DecodeMemoSteps):
         self.env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self.env[vid] = backend.from_host(arr)
-        self._input_symbols = input_symbols(graph)
+        self.input_symbols = input_symbols(graph)
         self._binder = SymbolBinder(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
         self._resident = 0  # bytes held in every slot's buffers
@@ -630,7 +630,7 @@ class Executor(DecodeMemoSteps):
             r = r.astype(value.dtype)
         if value.shape is not None and len(value.shape) == r.ndim:
             for d, got in zip(value.shape, r.shape):
-                if isinstance(d, str) and d not in self._input_symbols:
+                if isinstance(d, str) and d not in self.input_symbols:
                     have = bindings.get(d)
                     if have is None:
                         bindings[d] = got
