@@ -23,18 +23,27 @@ sessions' own paired medians. Every decode starts from a collected heap
 (`gc.collect()`), so one mode does not pay the young collections the other's garbage
 (or the analysis of a recording) set off.
 
+With `--exports DIR` (a tools/real_exports.py folder, or any folder with a
+manifest.json of {"name", "path"} rows, e.g. SmolLM2's genai exports) the rows are
+those exports instead, through `Generator` (default options, capture on), a
+prefill + decode pair with its prefill session.
+
 Usage: python benchmarks/trace_overhead.py [--tokens 32] [--rounds 3] [--sessions 3]
+                                           [--exports DIR] [--only SUBSTRING]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import statistics
+from pathlib import Path
 
 import workbench
 from workbench import Generator, SessionOptions, models
+from workbench.decode.interface import find_export
 
 PROMPT = list(range(3, 19))
 
@@ -47,16 +56,35 @@ def exports(size: str = "small"):
     yield "optimum merged", models.llama(size, flavor="onnx", export="optimum-merged").SerializeToString()
 
 
-def decode(session: workbench.InferenceSession, tokens: int, traced: bool) -> tuple[list[float], float]:
+def real_exports(folder: Path, only: str):
+    """(label, model path) of each export a manifest lists."""
+    for entry in json.loads((folder / "manifest.json").read_text()):
+        if only in entry["name"]:
+            yield entry["name"], entry["path"]
+
+
+def open_sessions(source, count: int) -> list[tuple[workbench.InferenceSession, object]]:
+    """`count` (decode session, prefill session or None) pairs of one export."""
+    options = SessionOptions(trace=True)
+    if isinstance(source, bytes):
+        return [(workbench.InferenceSession(source, options=options), None) for _ in range(count)]
+    files = find_export(source)
+    return [(workbench.InferenceSession(str(files.decode), options=options),
+             workbench.InferenceSession(str(files.prefill), options=options) if files.prefill else None)
+            for _ in range(count)]
+
+
+def decode(pair, tokens: int, traced: bool) -> tuple[list[float], float]:
     """(the decode steps' wall times in s, median share of a decode step outside kernels;
     nan untraced), for one generation: in a fresh recording, or with the trace stopped.
     Each starts from a collected heap, so neither pays for garbage the other left."""
-    if traced:
-        session.new_recording()
-    else:
-        session.stop_recording()
+    session, prefill = pair
+    for s in (session, prefill):
+        if s is not None:
+            s.new_recording() if traced else s.stop_recording()
     gc.collect()
-    result = Generator(session).generate(PROMPT, tokens, progress=False, eos_token_id=-1)
+    result = Generator(session, prefill=prefill).generate(PROMPT, tokens, progress=False,
+                                                          eos_token_id=-1)
     steps = result.step_times[2:]  # the prefill and the first (re-planning) step left out
     return steps, outside_kernels(session.recording) if traced else float("nan")
 
@@ -90,17 +118,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per session")
     parser.add_argument("--sessions", type=int, default=3, help="sessions (memory layouts) per export")
+    parser.add_argument("--exports", type=Path, default=None, help="a folder with a manifest.json of exports")
+    parser.add_argument("--only", default="", help="exports whose name contains this")
     args = parser.parse_args()
     print(f"per-token decode latency, {args.tokens} tokens: the median decode step of {args.rounds} "
           f"interleaved rounds in each of {args.sessions} sessions, each its trace on and off in turn "
           "(the same weights and buffers both ways; the order flips each round, so drift and a noisy "
           "neighbour weigh alike); per session: the lowest and highest session's paired median; "
           "outside kernels: share of a traced decode step (median) not inside a node's kernel")
+    rows = real_exports(args.exports, args.only) if args.exports else exports()
     print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'pooled':>9}{'paired [90% interval]':>27}"
           f"{'per session':>16}{'outside kernels':>17}")
-    for label, data in exports():
-        sessions = [workbench.InferenceSession(data, options=SessionOptions(trace=True))
-                    for _ in range(args.sessions)]
+    for label, data in rows:
+        sessions = open_sessions(data, args.sessions)
         steps: dict[bool, list[float]] = {False: [], True: []}
         rounds: list[list[tuple[float, float]]] = [[] for _ in sessions]
         shares = []
