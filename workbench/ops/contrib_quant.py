@@ -34,18 +34,18 @@ level 2/3 fp16/bf16 compute exists only on ARM64 for fp16 A). Level 4 takes MLAS
   initializers (see ``uses_int8_compute``) and assumes they all are;
 - no ``g_idx`` and no float zero points (both force the unpacked path).
 
-CompInt8 quantizes each row of A per block of ``block_size`` along K, symmetric int8:
-``scale_a = max|a| / 127``, ``q = round_half_even(a * (127 / max|a|))`` (0 for an all-zero
-block; a partial last block is zero padded), then sums
-``scale_a * scale_b * dot(q_a, q_b - zp)`` over blocks. Every quantity there is an exact
-int dot product in float32 range, so the kernel reproduces it as ``fake_quant(A) @ W``
-with the same float32 dequantized weight as level 0: one matmul, agreeing with
-onnxruntime to ~1e-6 of the output magnitude (float32 summation order only). This is
-MLAS's x86-64 AVX2 / AVX512 / AVX512-VNNI arithmetic (its ``QuantizeARow_CompInt8``
-family: float ``127 / max`` multiply, ``roundscale``/``cvtps`` to nearest even); pinned
-against the installed onnxruntime by ``tests/test_quant_ops_ort.py``. Not reproduced:
-ARM64 (KleidiAI / NEON kernels quantize A differently) and the saturating
-``maddubs`` 8-bit kernels of pre-VNNI CPUs.
+CompInt8 quantizes each row of A per block of ``block_size`` along K, symmetric int8
+(``scale_a = max|a| / 127``, ``q = round_half_even(a * (127 / max|a|))``; 0 for an
+all-zero block; a partial last block is zero padded), then sums ``scale_a * scale_b *
+dot(q_a, q_b - zp)`` over blocks. `nbits_int8` does exactly that: the weight's integers
+are laid out once when the kernel is built, each step quantizes A and takes the
+per-block integer dot products with float32 BLAS (exact), then scales and sums the
+blocks. This is MLAS's x86-64 AVX2 / AVX512 / AVX512-VNNI arithmetic (its
+``QuantizeARow_CompInt8`` family: float ``127 / max`` multiply, ``roundscale``/``cvtps``
+to nearest even); pinned against the installed onnxruntime by
+``tests/test_matmulnbits_int8_compute.py``. Not reproduced: ARM64 (KleidiAI / NEON
+kernels quantize A differently) and the saturating ``maddubs`` 8-bit kernels of
+pre-VNNI CPUs.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
+from . import nbits_int8
 from .contrib import F32, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype, pad_inputs
 from .registry import KernelFn, NodeInfo, register
 
@@ -92,29 +93,6 @@ def uses_int8_compute(info: NodeInfo) -> bool:
     if not (1 in weights and 2 in weights):
         return False
     return dtypes[3] is None or 3 in weights
-
-
-def fake_quantize_blocks(xp: Any, a: Any, block_size: int) -> Any:
-    """A float32 ``[M, K]`` through MLAS's per-block symmetric int8 quantization and back:
-    ``round_half_even(a * (127 / max|a|)) * (max|a| / 127)`` per block of K (all float32
-    operations, as MLAS does them)."""
-    m, k = a.shape
-    k_blocks = -(-k // block_size)
-    if k_blocks * block_size != k:
-        padded = xp.zeros((m, k_blocks * block_size), dtype=F32)
-        padded[:, :k] = a
-        a = padded
-    blocks = a.reshape(m, k_blocks, block_size)
-    amax = xp.abs(blocks).max(axis=-1, keepdims=True)
-    # an all-zero block quantizes to zeros whatever the multiplier: avoid 127 / 0
-    inverse = _F32_127 / xp.where(amax == 0, _F32_ONE, amax)
-    q = xp.rint(blocks * inverse)
-    deq = (q * (amax / _F32_127)).reshape(m, k_blocks * block_size)
-    return deq[:, :k] if k_blocks * block_size != k else deq
-
-
-_F32_127 = np.float32(127.0)
-_F32_ONE = np.float32(1.0)
 
 
 def nbits_layout(info: NodeInfo) -> tuple[int, int, int, int]:
@@ -178,13 +156,17 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
     def dequantize(b: Any, scales: Any, zero_points: Any, g_idx: Any) -> Any:
         return dequantize_nbits(xp, b, scales, zero_points, g_idx, N=N, K=K, bits=bits, block_size=block_size)
 
-    int8_compute = uses_int8_compute(info)
-    a_block = min(block_size, _INT8_LARGEST_BLOCK)  # how A is quantized for int8 compute
+    int8_weights = None  # accuracy_level 4: the weight laid out once for CompInt8
     cached_wt = None
     const = info.initializer_inputs  # the weights, laid out once below
-    if 1 in const and 2 in const and N * K <= CACHE_LIMIT_ELEMENTS:
-        zp_present = len(info.input_dtypes) > 3 and info.input_dtypes[3] is not None
-        gi_present = len(info.input_dtypes) > 4 and info.input_dtypes[4] is not None
+    zp_present = len(info.input_dtypes) > 3 and info.input_dtypes[3] is not None
+    gi_present = len(info.input_dtypes) > 4 and info.input_dtypes[4] is not None
+    if uses_int8_compute(info):  # B, scales and zero points are all initializers
+        if const[1].size:  # (no cap: the layout replaces the per-step pass over the weight)
+            int8_weights = nbits_int8.prepare(
+                xp, const[1], const[2], const[3] if zp_present else None, N=N, K=K, bits=bits,
+                block_size=block_size, a_block=min(block_size, _INT8_LARGEST_BLOCK))
+    elif 1 in const and 2 in const and N * K <= CACHE_LIMIT_ELEMENTS:
         if (not zp_present or 3 in const) and (not gi_present or 4 in const):
             b0 = const[1]
             if b0.size:
@@ -200,15 +182,13 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
                               f"{a.shape[-1]}, expected K={K}")
         if b.size == 0:
             y = xp.zeros(a.shape[:-1] + (N,), dtype=F32)
+        elif int8_weights is not None:
+            lead = a.shape[:-1]
+            y = nbits_int8.matmul(xp, a.astype(F32, copy=False).reshape(-1, K), int8_weights)
+            y = y.reshape(lead + (N,))
         else:
             wt = cached_wt if cached_wt is not None else dequantize(b, scales, zero_points, g_idx).T
-            a32 = a.astype(F32, copy=False)
-            if int8_compute:
-                # onnxruntime's CompInt8: A quantized per block; the int dot products and
-                # their scaling equal fake_quant(A) @ W up to float32 summation order
-                lead = a32.shape[:-1]
-                a32 = fake_quantize_blocks(xp, a32.reshape(-1, K), a_block).reshape(lead + (K,))
-            y = xp.matmul(a32, wt)
+            y = xp.matmul(a.astype(F32, copy=False), wt)
         if bias is not None:
             y = y + bias.astype(F32, copy=False)
         return (emit(outs[0], y, dtype, like=a),)
