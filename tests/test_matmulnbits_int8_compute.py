@@ -1,0 +1,166 @@
+"""MatMulNBits' int8 compute (accuracy_level 4, `ops.nbits_int8`) against onnxruntime.
+
+- Every accuracy_level (0-4), bits 4 and 8, block sizes 16..128, with and without zero
+  points, K not a multiple of the block: six runs each with A at a stable address (one
+  array refilled in place) and new contents, each compared with onnxruntime.
+- The weights are laid out once per node when the session is built, never per run
+  (`nbits_int8.build_count`; the dequantizer is not called while running).
+- A GatherBlockQuantized embedding reading the lm_head's packed weight, then the lm_head.
+- The tiny genai int4 Llama at accuracy_level 4 decodes 64 tokens token-exact.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench
+import workbench.models
+from workbench import Generator
+from workbench.ops import contrib_quant, nbits_int8
+
+ort = pytest.importorskip("onnxruntime")
+
+MS = "com.microsoft"
+OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)]
+#: both compute in float32 from the same integers: what is left is the rounding of the
+#: per-block scaling and the sum over blocks (~5e-7 of the output in practice); one
+#: activation rounded differently would be ~1e-3
+REL_TOL = 3e-6
+
+
+def _rng(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """ints [..., n] < 2**bits -> uint8 [..., ceil(n * bits / 8)], low bits first."""
+    per = 8 // bits
+    pad = (-values.shape[-1]) % per
+    v = np.concatenate([values, np.zeros(values.shape[:-1] + (pad,), values.dtype)], axis=-1)
+    v = v.reshape(values.shape[:-1] + (-1, per)).astype(np.uint8)
+    packed = np.zeros(v.shape[:-1], np.uint8)
+    for i in range(per):
+        packed |= (v[..., i] << (bits * i)).astype(np.uint8)
+    return packed
+
+
+def _weights(r, K, N, bits, block, with_zp):
+    k_blocks = -(-K // block)
+    q = r.integers(0, 2**bits, (N, k_blocks, block))
+    inits = {"B": _pack(q, bits), "scales": (r.random((N, k_blocks)) * 0.05 + 0.005).astype(np.float32)}
+    if with_zp:
+        inits["zero_points"] = _pack(r.integers(0, 2**bits, (N, k_blocks)), bits).reshape(-1)
+    return inits
+
+
+def _nbits_model(K, N, bits, block, level, inits):
+    names = ["A"] + list(inits)
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain=MS, K=K, N=N, bits=bits, block_size=block,
+                            accuracy_level=level)
+    graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", N])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=OPSETS)
+
+
+def _ort(model):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _rel(got, want):
+    return float(np.abs(got.astype(np.float64) - want).max() / max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("level", [0, 1, 2, 3, 4])
+def test_matmul_nbits_every_level_matches_onnxruntime_over_runs(level, bits, block, with_zp, monkeypatch):
+    r = _rng("grid", level, bits, block, with_zp)
+    K, N = 2 * block + 7, 40  # a partial last block
+    model = _nbits_model(K, N, bits, block, level, _weights(r, K, N, bits, block, with_zp))
+    before = nbits_int8.build_count
+    ours, peer = workbench.InferenceSession(model), _ort(model)
+    assert nbits_int8.build_count - before == (1 if level == 4 else 0)
+    if level == 4:  # the weights were laid out at build: a run never dequantizes them again
+        monkeypatch.setattr(contrib_quant, "dequantize_nbits", None)
+    a = np.empty((3, K), np.float32)  # one address, new contents every run
+    for run in range(6):
+        a[...] = r.standard_normal((3, K)) * (10.0 ** (run % 3 - 1))
+        a[run % 3, : block] = 0.0  # an all-zero block
+        want = peer.run(None, {"A": a.copy()})[0]
+        got = ours.run(None, {"A": a})[0]
+        assert got.shape == want.shape and got.dtype == np.float32
+        assert _rel(got, want) <= REL_TOL, (run, _rel(got, want))
+    assert nbits_int8.build_count - before == (1 if level == 4 else 0)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_level4_is_int8_not_float32(bits):
+    """The check bites: at level 4 onnxruntime's result is far from the float32 one, and
+    ours is onnxruntime's."""
+    r = _rng("bites", bits)
+    K, N, block = 100, 24, 32
+    inits = _weights(r, K, N, bits, block, True)
+    a = r.standard_normal((2, K)).astype(np.float32)
+    want4 = _ort(_nbits_model(K, N, bits, block, 4, inits)).run(None, {"A": a})[0]
+    want0 = _ort(_nbits_model(K, N, bits, block, 0, inits)).run(None, {"A": a})[0]
+    got = workbench.InferenceSession(_nbits_model(K, N, bits, block, 4, inits)).run(None, {"A": a})[0]
+    assert _rel(got, want4) <= REL_TOL
+    assert _rel(want0, want4) > 30 * REL_TOL
+
+
+def test_embedding_shares_lm_head_weight():
+    """GatherBlockQuantized over the lm_head's packed weight (reshaped, as genai's tied
+    export has it), then the lm_head at level 4: six runs with new ids and inputs."""
+    r = _rng("tied")
+    vocab, hidden, block = 96, 96, 32  # the table unpacks to whole blocks
+    inits = _weights(r, hidden, vocab, 4, block, False)
+    k_blocks = -(-hidden // block)
+    nodes = [
+        helper.make_node("Reshape", ["B", "table_shape"], ["table"]),
+        helper.make_node("GatherBlockQuantized", ["table", "ids", "scales"], ["emb"], domain=MS, gather_axis=0,
+                         quantize_axis=1, block_size=block, bits=4),
+        helper.make_node("Add", ["emb", "x"], ["h"]),
+        helper.make_node("MatMulNBits", ["h", "B", "scales"], ["y"], domain=MS, K=hidden, N=vocab, bits=4,
+                         block_size=block, accuracy_level=4),
+    ]
+    consts = [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    consts.append(numpy_helper.from_array(np.array([vocab, k_blocks * block // 2], np.int64), "table_shape"))
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4]),
+                                              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, hidden])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, vocab])], consts)
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    ours, peer = workbench.InferenceSession(model), _ort(model)
+    ids, x = np.empty((1, 4), np.int64), np.empty((1, 4, hidden), np.float32)
+    for _ in range(6):
+        ids[...] = r.integers(0, vocab, (1, 4))
+        x[...] = r.standard_normal((1, 4, hidden)) * 0.1
+        want = peer.run(None, {"ids": ids.copy(), "x": x.copy()})[0]
+        assert _rel(ours.run(None, {"ids": ids, "x": x})[0], want) <= REL_TOL
+
+
+def test_tiny_llama_level4_decodes_64_tokens_token_exact():
+    model = workbench.models.llama("tiny", flavor="genai", quant="int4")
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            next(a for a in node.attribute if a.name == "accuracy_level").i = 4
+    data = model.SerializeToString()
+    before = nbits_int8.build_count
+    ours = workbench.InferenceSession(data)
+    built = nbits_int8.build_count - before
+    assert built == sum(p.node.op_type == "MatMulNBits" for p in ours.plan.nodes) > 0
+    prompt = [1, 17, 99, 250, 3, 42]
+    got = Generator(ours).generate(prompt, 64, progress=False, return_logits=True, eos_token_id=-1)
+    want = Generator(_ort(model)).generate(prompt, 64, progress=False, return_logits=True, eos_token_id=-1)
+    assert got.tokens == want.tokens
+    worst = max(_rel(np.asarray(g, np.float32), np.asarray(w, np.float32))
+                for g, w in zip(got.logits, want.logits, strict=True))
+    assert worst <= 1e-4, worst
+    assert nbits_int8.build_count - before == built  # 64 steps, no weight laid out again
