@@ -429,3 +429,46 @@ def test_layers_sized_just_in_time_are_captured_and_replay(backend):
         assert runs.step({"x": wide}, f"wide run {run}")["y"].shape == (1, 3, WIDTH)
     ev = runs.events(after=RUNS)
     assert (ev.event == "retire").any(), "the first wide run must retire the narrow graph"
+
+
+def untyped_norm() -> onnx.ModelProto:
+    """onnxruntime's CPU fusions on transformers' gpt2: SkipLayerNormalization's mean and
+    inv_std outputs, and what reads them, come out of ONNX shape inference untyped."""
+    rng = np.random.default_rng(12)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("SkipLayerNormalization", ["h", "x", "gamma", "beta"], ["n", "mean", "inv_std", "sum"],
+                              domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "w2"], ["y0"]),
+             helper.make_node("Mul", ["inv_std", "mean"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["p"], axis=-1),
+             helper.make_node("Add", ["y0", "p"], ["y"])]
+    inits = [_const("w1", rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)),
+             _const("w2", rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)),
+             _const("gamma", np.ones(WIDTH, np.float32)), _const("beta", np.zeros(WIDTH, np.float32))]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, WIDTH])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, WIDTH])], inits)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_shape_inference_left_untyped_are_captured_once_seen_as_tensors(backend):
+    """A value ONNX shape inference left untyped (kind 'unknown') made every node writing
+    it a seam ('sequence_value: output val_240 is a unknown'): transformers' gpt2 after
+    onnxruntime's CPU fusions replayed 18% of its step. Once a warm step saw a tensor
+    there it is captured like any other; the values stay onnxruntime's."""
+    runs = _Runs(untyped_norm(), backend)
+    graph = runs.session.graph
+    for name in ("mean", "inv_std", "t", "p"):  # as onnx left them in that export
+        value = graph.values[graph.by_name[name]]
+        value.kind, value.shape, value.dtype = "unknown", None, None
+    rng = np.random.default_rng(13)
+    x = np.zeros((1, 1, WIDTH), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        runs.step({"x": x}, f"run {run}")
+    _assert_holds(runs)
+    declines = runs.session.recording.capture_declines()
+    assert not (declines.reason == "sequence_value").any(), declines.detail.tolist()
+    late = reports.capture_coverage(runs.session.recording)
+    assert (late[late.step >= 4].replayed_nodes == 6).all()

@@ -331,11 +331,13 @@ def reads_only_baked(p: Any, baked: frozenset[int] | set[int]) -> bool:
 def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set[int],
                  quarantined: set[tuple[str, str]], values: list,
                  baked: frozenset[int] | set[int] = frozenset(),
-                 shape_changes: dict | None = None, limited: dict | None = None) -> CaptureDecline | None:
+                 shape_changes: dict | None = None, limited: dict | None = None,
+                 observed: tuple = ()) -> CaptureDecline | None:
     """Why plan node `p` cannot be captured this step, or None when it can. A node
     whose only obstacle is reading `baked` values on the host can be. `shape_changes`
-    (value -> two shapes the warm-up steps saw) and `limited` (plan index -> the
-    decline its segment's re-records earned) come from the slot's history."""
+    (value -> two shapes the warm-up steps saw), `limited` (plan index -> the decline
+    its segment's re-records earned) and `observed` (each value's shape at the last
+    warm step, None where it was no array) come from the slot's history."""
     k = p.index
     if limited and k in limited:
         return limited[k]
@@ -350,8 +352,11 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
         if vid < 0:
             continue
         v = values[vid]
-        if v.kind != "tensor":
-            return CaptureDecline(k, "sequence_value", f"output {v.name!r} is a {v.kind}")
+        if v.kind != "tensor" and not (v.kind == "unknown" and vid < len(observed) and observed[vid] is not None):
+            # an untyped output (a contrib op shape inference does not know) is a tensor
+            # once a warm step saw one
+            what = "of unknown kind, and no warm step saw it" if v.kind == "unknown" else f"a {v.kind}"
+            return CaptureDecline(k, "sequence_value", f"output {v.name!r} is {what}")
         # an output sized just in time from its inputs' shapes is recorded with the array
         # it got (a replay checks those shapes); one sized by input values cannot be
         if not preallocated[j] and p.spec.data_dependent_shape and not p.spec.produces_view:

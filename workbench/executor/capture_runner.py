@@ -119,11 +119,12 @@ class CaptureRunner:
         bound_ids = set(bound)
         baked = frozenset(ex.baked_values())
         declines: dict[int, CaptureDecline] = {}
+        observed = cap.seen[1] if cap.seen is not None else ()
         for d in ex.state.dispatch:
             p = d.p
             preallocated = [o is not None for o in d.outs]
             decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked,
-                                   cap.shape_changes, cap.limited)
+                                   cap.shape_changes, cap.limited, observed)
             if decline is not None:
                 declines[p.index] = decline
         cap.segments, cap.declines = segment_plan(ex.plan, declines, ex.options.min_segment_nodes)
