@@ -1,7 +1,13 @@
 """Per-token decode latency: workbench vs onnxruntime, same model file, same loop, same run.
 
 Usage: python benchmarks/decode.py [--size small] [--tokens 32] [--repeats 5] [--model PATH]
-       [--no-smollm2 | --smollm2-only]
+       [--no-smollm2 | --smollm2-only] [--exports DIR [--only SUBSTRING]]
+
+`--exports DIR` (tools/real_exports.py's folder, or any folder with a manifest.json
+of {"name", "path"} rows: SmolLM2's genai exports) measures those exports instead, in
+both loops users drive: `run`, a plain `session.run` loop with default options and
+fresh numpy feeds each step (benchmarks/loops.py), and `gen`, `Generator(kv="fixed")`;
+onnxruntime (2 intra-op threads) runs the same loop, pairs interleaved as below.
 
 One row per export idiom the project's builders make (workbench's own llama in both
 op flavours, onnxruntime-genai's builder layout with and without tied embeddings and
@@ -32,16 +38,23 @@ then-branch counts (optimum's merged decoder: the branch a step with a past runs
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 import workbench
 from workbench import Generator, SessionOptions, WorkbenchError, models
+from workbench.decode.interface import find_export
 from workbench.models import exports
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loops import generator_loop, plain_loop  # noqa: E402
 
 PROMPT = list(range(3, 19))
 
@@ -55,7 +68,12 @@ def main() -> None:
     parser.add_argument("--no-smollm2", action="store_true", help="skip the real model (needs a download once)")
     parser.add_argument("--smollm2-only", action="store_true", help="only the real model's rows")
     parser.add_argument("--model", action="append", default=[], help="an exported decoder (.onnx) to add")
+    parser.add_argument("--exports", type=Path, default=None, help="a folder with a manifest.json of exports")
+    parser.add_argument("--only", default="", help="with --exports: names containing this")
     args = parser.parse_args()
+    if args.exports is not None:
+        real_exports(args)
+        return
     print(f"greedy decode of {args.tokens} tokens after a {len(PROMPT)}-token prompt; built-ins at size {args.size}; "
           f"{args.repeats} decode pairs each; ratio: median of the pairs' ratios [lowest, highest]")
     print(f"weight streaming now: {streaming_rate():.1f} GB/s (numpy matrix-vector products over 226 MB of "
@@ -136,6 +154,51 @@ def _product_weights(graph) -> list[np.ndarray]:
             if w.ndim == 2:
                 weights.append(w)
     return weights
+
+
+def real_exports(args) -> None:
+    """One row per export and loop: workbench with default options against onnxruntime."""
+    print(f"{args.tokens} tokens per decode, {args.repeats} pairs each (workbench and onnxruntime back to back, "
+          "the first alternating); ms/tok: median step after warm-up; ratio: median of the pairs' ratios")
+    print(f"{'export':<34}{'loop':<5}{'nodes':>6}{'workbench ms/tok':>18}{'onnxruntime':>13}{'ratio':>8}"
+          f"{'range':>14}{'tokens':>8}")
+    ratios_by_loop: dict[str, list[float]] = {"run": [], "gen": []}
+    for entry in json.loads((args.exports / "manifest.json").read_text()):
+        if args.only not in entry["name"]:
+            continue
+        files = find_export(entry["path"])
+        ours = [workbench.InferenceSession(str(f)) if f else None for f in (files.decode, files.prefill)]
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        peer = [ort.InferenceSession(str(f), so, providers=["CPUExecutionProvider"]) if f else None
+                for f in (files.decode, files.prefill)]
+        for loop_name, loop in (("run", plain_loop), ("gen", generator_loop)):
+            times: dict[str, list[float]] = {"ours": [], "peer": []}
+            tokens, ratios = {}, []
+            try:
+                for repeat in range(max(args.repeats, 1)):
+                    order = (("ours", ours), ("peer", peer))
+                    for name, (session, prefill) in order if repeat % 2 == 0 else order[::-1]:
+                        if loop_name == "gen" and name == "peer":
+                            got, ms = plain_loop(session, prefill, args.tokens)  # its own best loop
+                        else:
+                            got, ms = loop(session, prefill, args.tokens)
+                        times[name].append(ms)
+                        tokens[name] = got
+                    ratios.append(times["ours"][-1] / times["peer"][-1])
+            except Exception as error:  # noqa: BLE001 - a row that cannot run says why; the rest go on
+                print(f"{entry['name']:<34}{loop_name:<5}ERROR {type(error).__name__}: {str(error)[:100]}")
+                continue
+            ratios_by_loop[loop_name].append(statistics.median(ratios))
+            same = "same" if tokens["ours"] == tokens["peer"] else "DIFFER"
+            print(f"{entry['name']:<34}{loop_name:<5}{len(ours[0].graph.nodes):>6}"
+                  f"{statistics.median(times['ours']):>18.2f}{statistics.median(times['peer']):>13.2f}"
+                  f"{statistics.median(ratios):>8.2f}{f'[{min(ratios):.2f}, {max(ratios):.2f}]':>14}{same:>8}",
+                  flush=True)
+    for loop_name, ratios in ratios_by_loop.items():
+        if ratios:
+            print(f"{loop_name}: median ratio {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
+                  f"over {len(ratios)} exports")
 
 
 def _models(args):
