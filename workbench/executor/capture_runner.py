@@ -65,7 +65,12 @@ REPLAY_EVENT_COLUMNS = ("slot", "segment", "event", "reason", "duration_s")
 
 class CaptureRunner:
     def __init__(self, executor: Any):
-        self.ex = executor
+        self.ex = executor  # the step's state (slot, dispatch, storage), views and baked values
+        # what the executor runs, fixed for its life: read here without going through it
+        self.plan, self.graph, self.backend = executor.plan, executor.graph, executor.backend
+        self.options, self.env = executor.options, executor.env
+        self.input_symbols = executor.input_symbols
+        self.clock = getattr(self.backend, "host_clock", None)  # see `Backend.host_clock`
         graph = executor.graph
         self.build_growing = growing_symbols(graph)
         self.quarantined: set[tuple[str, str]] = set()
@@ -80,12 +85,11 @@ class CaptureRunner:
 
     def enabled_reason(self) -> str | None:
         """None when capture may run in this executor, else why not."""
-        ex = self.ex
-        if not ex.options.capture:
+        if not self.options.capture:
             return "capture is off (SessionOptions.capture / WORKBENCH_CAPTURE)"
-        if not getattr(ex.backend, "supports_capture", False):
-            return f"the {ex.backend.name} backend cannot capture"
-        if ex.options.release_dead_values:
+        if not getattr(self.backend, "supports_capture", False):
+            return f"the {self.backend.name} backend cannot capture"
+        if self.options.release_dead_values:
             return "release_dead_values frees buffers between steps; captured graphs need stable addresses"
         return None
 
@@ -99,14 +103,13 @@ class CaptureRunner:
         return symbols - self.pinned_symbols(bound)
 
     def pinned_symbols(self, bound: dict[int, Any]) -> set[str]:
-        ex = self.ex
         if not bound:
             return set()
         bound_addresses = {address(a) for a in bound.values()}
         pinned = set()
-        for vid in ex.graph.inputs:
-            v = ex.graph.values[vid]
-            arr = ex.env[vid]
+        for vid in self.graph.inputs:
+            v = self.graph.values[vid]
+            arr = self.env[vid]
             if v.shape and len(v.shape) == 4 and isinstance(v.shape[2], str) and arr is not None \
                     and address(arr) in bound_addresses:
                 pinned.add(v.shape[2])
@@ -115,7 +118,7 @@ class CaptureRunner:
     def segment(self, cap: SlotCapture, bound: dict[int, Any]) -> None:
         ex = self.ex
         growing = self.growing(bound)
-        values = ex.graph.values
+        values = self.graph.values
         bound_ids = set(bound)
         baked = frozenset(ex.baked_values())
         declines: dict[int, CaptureDecline] = {}
@@ -127,7 +130,7 @@ class CaptureRunner:
                                    cap.shape_changes, cap.limited, observed)
             if decline is not None:
                 declines[p.index] = decline
-        cap.segments, cap.declines = segment_plan(ex.plan, declines, ex.options.min_segment_nodes)
+        cap.segments, cap.declines = segment_plan(self.plan, declines, self.options.min_segment_nodes)
         self._keep_in_place(cap, bound_ids)
 
     def _keep_in_place(self, cap: SlotCapture, bound: set[int]) -> None:
@@ -139,7 +142,7 @@ class CaptureRunner:
         buffer or a caller-bound array, which keep their addresses while their shape
         holds."""
         ex = self.ex
-        plan, graph = ex.plan, ex.graph
+        plan, graph = self.plan, self.graph
         captured = [k for seg in cap.segments if seg.kind == "captured" for k in seg.nodes]
         inside = {o for k in captured for o in plan.nodes[k].outputs if o >= 0}
         reads = set()
@@ -168,7 +171,7 @@ class CaptureRunner:
             if vid in inputs and vid not in bound:
                 fed.add(vid)
         seen = cap.seen[2] if cap.seen is not None else {}
-        env = ex.env
+        env = self.env
         cap.staged_feeds = tuple(vid for vid in sorted(fed) if hasattr(env[vid], "shape")
                                  and (cap.staging.get(vid) is env[vid] or seen.get(vid) != address(env[vid])))
         cap.kept_values = frozenset(kept)
@@ -176,8 +179,8 @@ class CaptureRunner:
     def stage_feeds(self, cap: SlotCapture) -> None:
         """Copy each staged feed into its buffer and run on that (the caller's array is
         only read); a feed already there (IOBinding of the staging buffer) is left."""
-        env = self.ex.env
-        backend = self.ex.backend
+        env = self.env
+        backend = self.backend
         for vid in cap.staged_feeds:
             arr = env[vid]
             buf = cap.staging.get(vid)
@@ -192,13 +195,12 @@ class CaptureRunner:
         """After an eager step: note every value's shape and every feed's address. Two
         comparable steps (the same symbols, none shrunk: the same decode regime) give the
         values whose shape moves (`varying_shape`); a prefill before a decode resets it."""
-        ex = self.ex
-        env = ex.env
+        env = self.env
         shapes = tuple(getattr(a, "shape", None) for a in env)
-        feeds = {vid: address(env[vid]) for vid in ex.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
+        feeds = {vid: address(env[vid]) for vid in self.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
         before = cap.seen
         # the regime is the inputs' symbols: just-in-time ones come and go with what ran
-        regime = {s: n for s, n in bindings.items() if s in ex.input_symbols}
+        regime = {s: n for s, n in bindings.items() if s in self.input_symbols}
         cap.seen = (regime, shapes, feeds)
         if before is None or before[0].keys() != regime.keys() \
                 or any(regime[s] < n for s, n in before[0].items()):
@@ -215,7 +217,7 @@ class CaptureRunner:
         self.replayed_nodes = []
         disabled = self.enabled_reason()
         if disabled is not None:
-            run_nodes(range(len(self.ex.plan.nodes)))
+            run_nodes(range(len(self.plan.nodes)))
             if rec is not None:
                 self._emit_disabled(rec, slot, disabled)
             return "off"
@@ -232,7 +234,7 @@ class CaptureRunner:
         return self._replay(cap, run_nodes, rec, slot, bindings)
 
     def _warm_up(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
-        run_nodes(range(len(self.ex.plan.nodes)))
+        run_nodes(range(len(self.plan.nodes)))
         cap.warm = True  # this eager run is the warm-up the next capture trusts
         self.observe(cap, bindings)
         if rec is not None:
@@ -241,8 +243,8 @@ class CaptureRunner:
 
     def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         ex = self.ex
-        backend = ex.backend
-        env = ex.env
+        backend = self.backend
+        env = self.env
         backend_graph = None
         baked = ex.baked_values()
         try:
@@ -250,7 +252,7 @@ class CaptureRunner:
                 if seg.kind == "eager":
                     run_nodes(seg.nodes)
                     continue
-                inputs = external_inputs(ex.plan, seg.nodes)
+                inputs = external_inputs(self.plan, seg.nodes)
                 signature = binding_signature(env, inputs)
                 t0 = time.perf_counter()
                 known = set(bindings)
@@ -262,7 +264,7 @@ class CaptureRunner:
                 backend_graph = None
                 if not backend.capture_executes_work:  # the capture rule above: run what was recorded
                     backend.launch(graph)
-                outputs = {o: env[o] for k in seg.nodes for o in ex.plan.nodes[k].outputs if o >= 0}
+                outputs = {o: env[o] for k in seg.nodes for o in self.plan.nodes[k].outputs if o >= 0}
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
                            if o is not None]
                 planned = ex.state.storage.owner
@@ -270,7 +272,7 @@ class CaptureRunner:
                           if (owner := ex.owner_of(vid)) != planned.get(vid, vid)}
                 observed = ex.observed_views()
                 views = tuple((vid, *observed[vid][1:], k) for k in seg.nodes
-                              for vid in ex.plan.nodes[k].outputs if vid in observed)
+                              for vid in self.plan.nodes[k].outputs if vid in observed)
                 revealed = {s: n for s, n in bindings.items() if s not in known}
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs, time.perf_counter() - t0,
                                                       buffers, owners=owners, views=views, symbols=revealed)
@@ -280,7 +282,7 @@ class CaptureRunner:
         except CaptureViolation as violation:
             # a kernel read the host while recording: keep exactly that node's op eager
             self._abort(backend, backend_graph, cap)
-            failed = ex.plan.nodes[violation.plan_index].node
+            failed = self.plan.nodes[violation.plan_index].node
             self.quarantined.add((failed.domain, failed.op_type))
             if rec is not None:
                 rec.add_row("capture_events", slot=slot, segment=-1, event="quarantine",
@@ -306,25 +308,25 @@ class CaptureRunner:
 
     def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         ex = self.ex
-        env = ex.env
+        env = self.env
         replayed = []
         events: list = []  # the replay rows' fields, one segment after another (`_replay_events`)
         node_log = rec.node_log() if rec is not None else None  # each segment's node rows, without a call
-        clock = ex._host_clock
+        clock = self.clock
         for pos, seg in enumerate(cap.segments):
             if seg.kind == "eager":
                 run_nodes(seg.nodes)
                 continue
             captured = cap.graphs[seg.index]
-            why = captured.mismatch(env, ex.state.dispatch, ex.graph, ex.state.bound_slots, self.control_flow_outputs)
+            why = captured.mismatch(env, ex.state.dispatch, self.graph, ex.state.bound_slots, self.control_flow_outputs)
             if why is not None:
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
             if rec is not None:  # a host backend's clock read directly, as for an eager node
-                timer = clock() if clock is not None else ex.backend.start_timer()
+                timer = clock() if clock is not None else self.backend.start_timer()
             try:
-                captured.replay(ex.backend, env, bindings)
+                captured.replay(self.backend, env, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
                 self._replay_events(rec, events)
@@ -335,7 +337,7 @@ class CaptureRunner:
             replayed.append(captured)
             self.replayed_nodes.extend(seg.nodes)
             if rec is not None:
-                duration = clock() - timer if clock is not None else ex.backend.stop_timer(timer)  # device time
+                duration = clock() - timer if clock is not None else self.backend.stop_timer(timer)  # device time
                 node_log += (seg.nodes, "replayed", duration)  # a span: `Recording.node_span`
                 events += (slot, seg.index, "replay", "binding signature unchanged", duration)
         cap.replays += 1
@@ -403,7 +405,7 @@ class CaptureRunner:
                        reason: str, detail: str) -> str:
         """The recording failed: log why, and complete the step eagerly."""
         self._log_retire(rec, slot, reason, detail)
-        return self._finish_eagerly(cap, range(len(self.ex.plan.nodes)), run_nodes, rec, slot, bindings)
+        return self._finish_eagerly(cap, range(len(self.plan.nodes)), run_nodes, rec, slot, bindings)
 
     def _rest_eagerly(self, cap: SlotCapture, pos: int, run_nodes: Any, rec: Any, slot: str,
                       bindings: dict[str, int], reason: str, detail: str) -> str:
@@ -417,7 +419,7 @@ class CaptureRunner:
         return self._finish_eagerly(cap, rest, run_nodes, rec, slot, bindings)
 
     def _count_retire(self, cap: SlotCapture, seg: Any, reason: str, detail: str) -> None:
-        limit = self.ex.options.capture_rerecord_limit
+        limit = self.options.capture_rerecord_limit
         # the same reason: the same value and what changed of it, whatever its new shape
         key = (seg.first, seg.last, reason, " ".join(detail.split()[:2]))
         count = cap.retire_counts[key] = cap.retire_counts.get(key, 0) + 1
@@ -438,7 +440,7 @@ class CaptureRunner:
 
     def _emit_segments(self, rec: Any, slot: str, cap: SlotCapture, state: str, whole_plan: bool = False) -> None:
         """The step's segment rows; the same every step the segments and state are."""
-        plan = self.ex.plan
+        plan = self.plan
         whole_plan = whole_plan or not cap.segments
         key = (slot, state, whole_plan)
         cached = self._segment_rows.get(key)
@@ -457,7 +459,7 @@ class CaptureRunner:
 
     def _emit_baked(self, rec: Any, slot: str, cap: SlotCapture, baked: dict[int, tuple]) -> None:
         """A capture_events row for each captured node that reads baked values on the host."""
-        plan, values = self.ex.plan, self.ex.graph.values
+        plan, values = self.plan, self.graph.values
         for seg in cap.segments:
             if seg.kind != "captured":
                 continue
@@ -472,7 +474,7 @@ class CaptureRunner:
                                 duration_s=0.0)
 
     def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
-        plan = self.ex.plan
+        plan = self.plan
         segment_of = {k: seg.index for seg in cap.segments for k in seg.nodes}
         for d in cap.declines:
             node = plan.nodes[d.plan_index].node
@@ -481,7 +483,7 @@ class CaptureRunner:
                         reason=d.reason, detail=d.detail, symbols=list(d.symbols))
 
     def _emit_disabled(self, rec: Any, slot: str, why: str) -> None:
-        n = len(self.ex.plan.nodes)
+        n = len(self.plan.nodes)
         rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=n - 1,
                     node_count=n, kind="eager", state="eager")
         rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
