@@ -160,8 +160,10 @@ def real_exports(args) -> None:
     """One row per export and loop: workbench with default options against onnxruntime."""
     print(f"{args.tokens} tokens per decode, {args.repeats} pairs each (workbench and onnxruntime back to back, "
           "the first alternating); ms/tok: median step after warm-up; ratio: median of the pairs' ratios")
+    print("host us/node: workbench's (step wall time - the time its trace puts inside kernels and replayed "
+          "segments) / plan nodes, median over steps (trace on, the default)")
     print(f"{'export':<34}{'loop':<5}{'nodes':>6}{'workbench ms/tok':>18}{'onnxruntime':>13}{'ratio':>8}"
-          f"{'range':>14}{'tokens':>8}")
+          f"{'range':>14}{'tokens':>8}{'host us/node':>14}")
     ratios_by_loop: dict[str, list[float]] = {"run": [], "gen": []}
     for entry in json.loads((args.exports / "manifest.json").read_text()):
         if args.only not in entry["name"]:
@@ -173,6 +175,7 @@ def real_exports(args) -> None:
         peer = [ort.InferenceSession(str(f), so, providers=["CPUExecutionProvider"]) if f else None
                 for f in (files.decode, files.prefill)]
         for loop_name, loop in (("run", plain_loop), ("gen", generator_loop)):
+            ours[0].new_recording()
             times: dict[str, list[float]] = {"ours": [], "peer": []}
             tokens, ratios = {}, []
             try:
@@ -191,14 +194,24 @@ def real_exports(args) -> None:
                 continue
             ratios_by_loop[loop_name].append(statistics.median(ratios))
             same = "same" if tokens["ours"] == tokens["peer"] else "DIFFER"
-            print(f"{entry['name']:<34}{loop_name:<5}{len(ours[0].graph.nodes):>6}"
+            nodes = len(ours[0].executor.plan.nodes)
+            print(f"{entry['name']:<34}{loop_name:<5}{nodes:>6}"
                   f"{statistics.median(times['ours']):>18.2f}{statistics.median(times['peer']):>13.2f}"
-                  f"{statistics.median(ratios):>8.2f}{f'[{min(ratios):.2f}, {max(ratios):.2f}]':>14}{same:>8}",
-                  flush=True)
+                  f"{statistics.median(ratios):>8.2f}{f'[{min(ratios):.2f}, {max(ratios):.2f}]':>14}{same:>8}"
+                  f"{host_us_per_node(ours[0].recording, nodes):>14.2f}", flush=True)
     for loop_name, ratios in ratios_by_loop.items():
         if ratios:
             print(f"{loop_name}: median ratio {statistics.median(ratios):.2f}, worst {max(ratios):.2f} "
                   f"over {len(ratios)} exports")
+
+
+def host_us_per_node(rec: workbench.Recording, nodes: int) -> float:
+    """Median over the recording's steps of (wall - kernel and replay time) / nodes, in us."""
+    steps = rec.steps()
+    timings = rec.node_timings()
+    inside = timings["duration_us"].groupby(timings["step"]).sum()
+    host = [(wall * 1e3 - inside.get(step, 0.0)) / nodes for step, wall in zip(steps["step"], steps["wall_ms"])]
+    return statistics.median(host) if host else float("nan")
 
 
 def _models(args):
