@@ -719,3 +719,43 @@ def test_node_rows_still_logged_are_placed_by_any_read_and_dropped_by_clear():
     rec.begin_step()
     rec.end_step(1e-3)
     assert rec.node_timings().empty
+
+
+def test_view_buffer_and_alias_rows_logged_among_node_rows_keep_their_place_and_fields():
+    """View, buffer and alias rows emitted while node rows wait in the log (a traced
+    step's layout nodes): every frame holds the rows with their steps and fields, and
+    `seq` and `events()` give the order of the calls, across steps and a read part-way."""
+    rec = Recording()
+    expected = []
+    for step in range(3):
+        rec.begin_step()
+        expected.append("StepBegan")
+        log = rec.node_log()
+        for k in range(4):
+            log += (10 * step + k, "eager", 1e-6)
+            rec.buffer("pin", k, 0, 10 * step + k)
+            rec.view(100 + k, k, (1, step + 1), (step + 1, 1), 4 * k, 10 * step + k)
+            rec.alias(200 + k, 100 + k, 10 * step + k)
+            expected += ["NodeExecuted", "BufferEvent", "ViewCreated", "InPlaceAlias"]
+        log += ((10 * step + 4, 10 * step + 5), "replayed", 2e-6)
+        expected += ["NodeExecuted"] * 2
+        if step == 1:  # a read part-way places what waits
+            assert len(rec.views()) == 8
+        rec.end_step(1e-3)
+        expected.append("StepEnded")
+    assert [type(e).__name__ for e in rec.events()] == expected
+    views = rec.views()
+    assert views["step"].tolist() == [s for s in range(3) for _ in range(4)]
+    assert views["value_id"].tolist() == [100, 101, 102, 103] * 3
+    assert [tuple(x) for x in views["shape"]] == [(1, s + 1) for s in range(3) for _ in range(4)]
+    assert views["byte_offset"].tolist() == [0, 4, 8, 12] * 3
+    buffers = rec.buffer_events()
+    assert buffers["event"].tolist() == ["pin"] * 12 and buffers["plan_index"].tolist() == [
+        10 * s + k for s in range(3) for k in range(4)]
+    aliases = rec.aliases()
+    assert aliases["value_id"].tolist() == [200, 201, 202, 203] * 3
+    nodes = rec.node_timings()
+    seq = pd.concat([nodes.assign(kind="node"), buffers.assign(kind="buffer"), views.assign(kind="view"),
+                     aliases.assign(kind="alias")]).sort_values("seq")
+    assert seq["kind"].tolist()[:6] == ["node", "buffer", "view", "alias", "node", "buffer"]
+    assert nodes["plan_index"].tolist() == [10 * s + k for s in range(3) for k in range(6)]

@@ -3,6 +3,7 @@
 
     python tools/real_exports.py [--out /tmp/real_exports] [--venv /tmp/exporters-venv]
                                  [--only SUBSTRING] [--force] [--list]
+                                 [--checkpoint HF_DIR --tag NAME]
 
 Run it with any python 3.10+ (the repository's own is fine: this file imports nothing
 but the standard library). Everything that needs torch runs in virtual environments
@@ -55,6 +56,11 @@ Notable: optimum-onnx 0.1 writes no merged decoder any more (optimum-merged-* co
 optimum 1.27, with two torch 2.13 shims noted in its "notes"); transformers 5.24 has its own
 exporter (transformers.exporters, prefill.onnx + decode.onnx); genai int4's tokens differ
 from torch's (quantised weights), every other export decodes torch's tokens.
+
+`--checkpoint HF_DIR --tag NAME` exports a real checkpoint as it is instead (torch.onnx
+legacy and dynamo, optimum; named <exporter>-NAME, its sizes from its config.json), e.g.
+SmolLM2-135M as ../shared/tools/make_smollm2_genai.sh converts it from its GGUF; give it
+an `--out` of its own, since the manifest lists the exports of one plan.
 
 Idempotent: an export whose folder holds `_export.json` is kept unless `--force`.
 Time on a 2-core VM: about 1.5 minutes to create the three venvs (pip, from the local
@@ -116,6 +122,24 @@ def sizes(arch):
     if arch == "gpt2":
         s["kv_heads"] = s["heads"]
     return s
+
+
+def sizes_of(config):
+    """The sizes of a loaded checkpoint's config (a tiny one's are `sizes(arch)`'s)."""
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    return dict(hidden=getattr(config, "hidden_size", None) or config.n_embd,
+                layers=getattr(config, "num_hidden_layers", None) or config.n_layer, heads=heads,
+                kv_heads=getattr(config, "num_key_value_heads", None) or heads, vocab=config.vocab_size)
+
+
+def cmd_torch_tokens(a):
+    """torch's greedy tokens for a checkpoint given as it is (`--checkpoint`), once."""
+    from transformers import AutoModelForCausalLM
+    out = Path(a["hf"]) / "torch_tokens.json"
+    if not out.exists():
+        model = AutoModelForCausalLM.from_pretrained(a["hf"]).eval()
+        out.write_text(json.dumps(torch_greedy(model, a["prompt"], a["n"])))
+    print(json.dumps({"torch_tokens": json.loads(out.read_text())}))
 
 
 def make_config(arch):
@@ -211,9 +235,9 @@ def decoder_with_past(model, layers):
 def cmd_torch(a):
     import torch
     from transformers import AutoModelForCausalLM
-    arch, out = a["arch"], Path(a["out"])
-    s = sizes(arch)
+    out = Path(a["out"])
     model = AutoModelForCausalLM.from_pretrained(a["hf"]).eval()
+    s = sizes_of(model.config)
     w = decoder_with_past(model, s["layers"])
     batch, seq, past = 2, 3, 5
     hd = s["hidden"] // s["heads"]
@@ -451,7 +475,7 @@ def count_nodes(path):
 
 def cmd_validate(a):
     p = Path(a["path"])
-    s = sizes(a["arch"])
+    s = a.get("sizes") or sizes(a["arch"])
     prompt, n = a["prompt"], a["n"]
     if p.is_dir():
         prefill, decode = Step(p / "prefill.onnx", s), Step(p / "decode.onnx", s)
@@ -551,6 +575,24 @@ def config_summary(arch: str) -> dict:
     return dict(hidden=64, layers=2, heads=4, kv_heads=4 if arch == "gpt2" else 2, vocab=512)
 
 
+def checkpoint_plan(folder: Path, tag: str) -> list[dict]:
+    """torch.onnx legacy and dynamo and optimum exports of a checkpoint as it is
+    (`--checkpoint`: e.g. SmolLM2-135M, converted from its GGUF by
+    ../shared/tools/make_smollm2_genai.sh), named <exporter>-<tag>."""
+    config = json.loads((folder / "config.json").read_text())
+    heads = config.get("num_attention_heads") or config["n_head"]
+    sizes = dict(hidden=config.get("hidden_size") or config["n_embd"],
+                 layers=config.get("num_hidden_layers") or config["n_layer"], heads=heads,
+                 kv_heads=config.get("num_key_value_heads") or heads, vocab=config["vocab_size"])
+    arch = config["model_type"]
+    common = dict(arch=arch, precision="fp32", hf=str(folder), sizes=sizes)
+    return [dict(name=f"torch-legacy-{tag}", exporter="torch.onnx (dynamo=False)", venv="main", cmd="torch",
+                 args=dict(dynamo=False), **common),
+            dict(name=f"torch-dynamo-{tag}", exporter="torch.onnx (dynamo=True)", venv="main", cmd="torch",
+                 args=dict(dynamo=True), **common),
+            dict(name=f"optimum-{tag}", exporter="optimum-onnx", venv="optimum", cmd="optimum", args={}, **common)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="/tmp/real_exports")
@@ -558,9 +600,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="build only exports whose name contains this")
     ap.add_argument("--force", action="store_true", help="rebuild exports already present")
     ap.add_argument("--list", action="store_true", help="print the planned exports and exit")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="export this Hugging Face checkpoint folder as it is instead of the tiny set "
+                         "(torch.onnx legacy and dynamo, optimum), named <exporter>-<--tag>")
+    ap.add_argument("--tag", default="checkpoint", help="with --checkpoint: the exports' name suffix")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
-    jobs = plan()
+    jobs = checkpoint_plan(args.checkpoint.resolve(), args.tag) if args.checkpoint else plan()
     if args.list:
         for j in jobs:
             print(j["name"])
@@ -608,7 +654,11 @@ def main(argv: list[str] | None = None) -> int:
         lg.write_text("")
         if folder.exists():
             shutil.rmtree(folder)
-        hf = checkpoint(arch, job["venv"])
+        if job.get("hf"):  # a checkpoint as it is: torch's tokens computed once, beside it
+            hf = Path(job["hf"])
+            helper(venvs["main"], out, "torch_tokens", dict(hf=str(hf), prompt=PROMPT, n=NEW_TOKENS), lg)
+        else:
+            hf = checkpoint(arch, job["venv"])
         a = dict(job["args"], arch=arch, hf=str(hf), out=str(folder))
         if "src_job" in a:
             src = built(a.pop("src_job"))
@@ -624,8 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         path = res["path"]
         log(f"validate {name} ({build_s:.0f} s to build)")
         try:
-            val = helper(venvs["main"], out, "validate", dict(path=path, arch=arch, prompt=PROMPT, n=NEW_TOKENS), lg,
-                         timeout=600)
+            val = helper(venvs["main"], out, "validate", dict(path=path, arch=arch, prompt=PROMPT, n=NEW_TOKENS,
+                                                              sizes=job.get("sizes")), lg, timeout=600)
         except Exception as e:
             dropped = out / "_dropped" / name
             if dropped.exists():
@@ -639,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
             notes.append("onnxruntime's tokens differ from torch's on the same checkpoint")
         graphs = val["graphs"]
         entry = dict(name=name, exporter=job["exporter"], arch=arch, path=path, precision=job["precision"],
-                     config=config_summary(arch), notes="; ".join(n for n in notes if n), prompt=PROMPT,
+                     config=job.get("sizes") or config_summary(arch), notes="; ".join(n for n in notes if n), prompt=PROMPT,
                      ort_tokens=val["ort_tokens"], torch_tokens=torch_tokens, min_margin=round(val["min_margin"], 6),
                      nodes={g: v["nodes"] for g, v in graphs.items()},
                      nodes_with_subgraphs={g: v["nodes_with_subgraphs"] for g, v in graphs.items()},
