@@ -16,13 +16,27 @@ The questions people bring to other runtimes, one call each (all DataFrames):
     reports.alias_hazards(rec)       # writes into a buffer a live value still uses (empty when sound)
     reports.kv_growth(rec)           # per step and KV input/output: capacity, length, moved, copied
     reports.diff(rec_a, rec_b)       # two recordings side by side; diff_steps(rec, a, b)
+    reports.step_breakdown(rec)      # where each step's wall time went; breakdown_spread(rec): p10/median/p90
+    reports.to_chrome_trace(rec, p)  # the recording as a Perfetto / chrome://tracing timeline
+    reports.peer_profile(path)       # onnxruntime's own profile per node; join_peer_profile(rec, it)
 
 Column names follow one vocabulary (`vocabulary.COLUMNS`, `README.md` beside this file).
 
 plotly is imported only when a figure or the HTML report is built.
 """
 
+from .anatomy import (
+    BREAKDOWN_COLUMNS,
+    SPREAD_COLUMNS,
+    STEP_PARTS,
+    breakdown_lines,
+    breakdown_missing,
+    breakdown_spread,
+    step_breakdown,
+    step_parts,
+)
 from .capture import by_reason, declines_at, segments_at, static_verdicts
+from .chrome_trace import chrome_trace, to_chrome_trace
 from .churn import CHURN_COLUMNS, capture_churn, churn_lines, retire_markers
 from .coverage import COVERAGE_KINDS, capture_coverage, decode_coverage, seam_costs, tokens_per_step
 from .diff import DIFF_ASPECTS, DIFF_COLUMNS, diff, diff_steps
@@ -30,10 +44,19 @@ from .export import export
 from .hazards import HAZARD_COLUMNS, alias_hazards
 from .html import render_html, to_html
 from .kv import KV_COLUMNS, kv_growth, kv_pairs
-from .latency import LATENCY_DEFINITION, decode_latency, per_token_ms
+from .latency import LATENCY_DEFINITION, PEER_TABLE, decode_latency, peer_latency, per_token_ms
 from .liveness import lifetimes_at, live_bytes_curve, memory_at
 from .memo import mechanism_lanes
 from .peak import PEAK_COLUMNS, RESIDENT_CATEGORIES, peak_step, peak_values, resident_breakdown
+from .peer_profile import (
+    JOIN_COLUMNS,
+    PROFILE_COLUMNS,
+    join_peer_profile,
+    peer_events,
+    peer_lines,
+    peer_profile,
+    recorded_peer_profile,
+)
 from .plan import plan_at_step, shapes_at_step
 from .source import NOT_RECORDED, Frames, as_frames
 from .steps import latency_frame, slots, step_info, steps_of_slot, tokens_frame
@@ -42,6 +65,10 @@ from .views import ViewWalk, most_instructive_view, view_walk, views_at, walk_of
 from .vocabulary import COLUMNS, GLOSSARY, canonical, explain
 
 __all__ = [
+    "BREAKDOWN_COLUMNS", "JOIN_COLUMNS", "PEER_TABLE", "PROFILE_COLUMNS", "SPREAD_COLUMNS", "STEP_PARTS",
+    "breakdown_lines", "breakdown_missing", "breakdown_spread", "chrome_trace", "join_peer_profile", "peer_events",
+    "peer_latency", "peer_lines", "peer_profile", "recorded_peer_profile", "step_breakdown", "step_parts",
+    "to_chrome_trace",
     "CHURN_COLUMNS", "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS", "LATENCY_DEFINITION",
     "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
     "canonical", "capture_churn", "capture_coverage", "churn_lines", "declines_at", "decode_coverage", "decode_latency", "diff", "diff_steps", "explain",

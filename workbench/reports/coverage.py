@@ -109,9 +109,9 @@ def tokens_per_step(src: Recording | Frames) -> pd.Series:
 
 
 SEAM_COLUMNS = ["slot", "reason", "plan_index", "node", "op_type", "segment", "steps", "tokens",
-                "total_us", "us_per_token", "share_of_step", "detail"]
+                "total_us", "us_per_token", "share_of_step", "detail", "p10_us", "median_us", "p90_us"]
 REASON_COLUMNS = ["slot", "reason", "seams", "op_types", "steps", "tokens", "total_us", "us_per_token",
-                  "share_of_step"]
+                  "share_of_step", "p10_us", "median_us", "p90_us"]
 
 
 def seam_costs(src: Recording | Frames, by: str = "seam",
@@ -126,6 +126,8 @@ def seam_costs(src: Recording | Frames, by: str = "seam",
     (seam time / the steps' wall time), detail. A `capture_disabled` decline (capture
     off: plan_index -1) is charged every node's time. `by="reason"`: one row per
     (slot, reason): `REASON_COLUMNS` (seams = distinct seam nodes, op_types).
+    Both end with the spread over steps of a row's µs per step: p10_us, median_us,
+    p90_us (one slow step moves the total, not the median).
     Sorted by us_per_token, highest first. Empty (with the columns) when no capture
     segmentation was recorded.
     """
@@ -165,6 +167,7 @@ def seam_costs(src: Recording | Frames, by: str = "seam",
         out = g.agg(reason=("reason", "last"), node=("node", "last"), op_type=("op_type", "last"),
                     segment=("segment", "last"), steps=("step", "nunique"), tokens=("tokens", "sum"),
                     total_us=("us", "sum"), wall_us=("wall_us", "sum"), detail=("detail", "last")).reset_index()
+        out = out.merge(_spread(raw, ["slot", "plan_index"]), on=["slot", "plan_index"])
     else:
         # tokens and wall time once per step, however many seams the step had
         per_step = raw.drop_duplicates(["slot", "reason", "step"])
@@ -175,7 +178,16 @@ def seam_costs(src: Recording | Frames, by: str = "seam",
         ps = per_step.groupby(["slot", "reason"], sort=False).agg(tokens=("tokens", "sum"),
                                                                   wall_us=("wall_us", "sum")).reset_index()
         out = out.merge(ps, on=["slot", "reason"])
+        out = out.merge(_spread(raw, ["slot", "reason"]), on=["slot", "reason"])
     out["us_per_token"] = out["total_us"] / out["tokens"].where(out["tokens"] > 0)
     out["share_of_step"] = out["total_us"] / out["wall_us"].where(out["wall_us"] > 0)
     out = out.sort_values(["us_per_token", "total_us"], ascending=False, kind="stable", na_position="last")
     return out[cols].reset_index(drop=True)
+
+
+def _spread(raw: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """p10 / median / p90 over steps of each group's µs per step (its seams summed per step)."""
+    per_step = raw.groupby([*keys, "step"], sort=False)["us"].sum()
+    q = per_step.groupby(level=list(range(len(keys))), sort=False).quantile([0.1, 0.5, 0.9]).unstack()
+    q.columns = ["p10_us", "median_us", "p90_us"]
+    return q.reset_index()

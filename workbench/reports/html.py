@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import capture, liveness, memo, plan, steps, views
+from . import anatomy, capture, liveness, memo, plan, steps, views
 from .churn import capture_churn, churn_lines, retire_markers
 from .coverage import capture_coverage, seam_costs
 from .diff import diff_steps
 from .hazards import alias_hazards
 from .kv import kv_growth
+from .latency import peer_latency
 from .peak import peak_values, resident_breakdown
+from .peer_profile import join_peer_profile, peer_lines
 from .rewrites import REWRITE_RULES, rewrites_line, rewritten_nodes
 from .source import NOT_RECORDED, Frames, as_frames
 from .summary import summary
@@ -283,6 +285,8 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
     page.figure(figures.coverage_figure(cov))
     page.table(cov, "coverage per step (counts, µs and shares)")
 
+    _time_section(page, f)
+
     page.section("churn", "Capture churn")
     churn = capture_churn(f)
     lines = churn_lines(f, limit=10)
@@ -345,6 +349,41 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
     page.section("glossary", "Glossary")
     page.table(pd.DataFrame({"term": list(GLOSSARY), "meaning": list(GLOSSARY.values())}),
                f"{len(GLOSSARY)} terms (hover a term in any table)")
+
+
+def _time_section(page: _Page, f: Frames) -> None:
+    """Where the step time goes (reports.anatomy), onnxruntime's latency and the ratio,
+    and its own profile beside ours node by node where the recording carries one."""
+    from . import figures
+
+    page.section("time", "Where the step time goes")
+    peer = peer_latency(f)
+    if peer is None:
+        page.text("onnxruntime: no peer measurement in this recording (workbench report and workbench demo "
+                  "add one).", "note")
+    else:
+        page.text(f"{peer['runtime']}: {peer['ms_per_token']:.3f} ms/token through the same loop, timed alike; "
+                  f"workbench {peer['ours_ms_per_token']:.3f} ms/token; workbench / {peer['runtime']}: "
+                  f"{peer['ratio']:.2f}x.", "meta")
+    for line in anatomy.breakdown_lines(f):
+        page.text(line, "meta")
+    page.text("Parts: " + "; ".join(f"{k}: {v}" for k, v in anatomy.STEP_PARTS.items())
+              + ". They sum to each step's wall time; trace overhead is inside executor.", "note")
+    for line in anatomy.breakdown_missing(f):
+        page.text(line + " (counted as executor time).", "note")
+    parts = anatomy.step_parts(f)
+    if parts.empty:
+        page.text("No finished step was recorded.", "note")
+        return
+    page.figure(figures.breakdown_figure(parts))
+    page.table(anatomy.breakdown_spread(f), None)
+    page.table(anatomy.breakdown_spread(f, by="op_type"), "spread per part and op type (p10 / median / p90 µs)")
+    page.table(parts, "every step's parts (µs)")
+    joined = join_peer_profile(f)
+    if not joined.empty:
+        for line in peer_lines(f):
+            page.text(line, "meta")
+        page.table(joined, f"{len(joined)} nodes: ours vs onnxruntime's profile, biggest difference first")
 
 
 def to_html(src: Recording | Frames, path: str | Path, step: int | None = None,

@@ -49,7 +49,7 @@ def lifetimes_at(src: Recording | Frames, step: int, constants: bool = False) ->
             "value_id": lv["value_id"], "owner_id": lv["owner_id"],
         })
         cat = out["storage"].where(~(out["pinned"] & (out["storage"] == "owner")), "owner (pinned)")
-        cat = cat.where(out["released_at"] < 0, cat + " (released)")
+        cat = cat.where(out["released_at"] < 0, cat.astype(str) + " (released)")  # str: an empty frame is float
         out.insert(8, "category", cat)
         if not constants:
             out = out[out["storage"] != "initializer"]

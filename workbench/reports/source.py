@@ -40,6 +40,8 @@ OPTIONAL_TABLES: dict[str, str] = {
     "shadow_checks": "shadow",
     "io_buffers": "io_buffers",
     "rewrites": "rewrites",
+    "peer": "peer",  # a peer runtime's latency, measured the same way (workbench report / demo)
+    "peer_profile": "peer_profile",  # the peer's own per-node profile (reports.peer_profile)
 }
 
 

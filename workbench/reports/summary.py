@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .anatomy import breakdown_lines, breakdown_missing
 from .capture import by_reason, static_verdicts
 from .churn import capture_churn, churn_lines
 from .coverage import decode_coverage, seam_costs
 from .hazards import alias_hazards
-from .latency import LATENCY_DEFINITION, decode_latency
+from .latency import LATENCY_DEFINITION, decode_latency, peer_latency
+from .peer_profile import peer_lines
 from .plan import elided_mechanisms
 from .rewrites import rewrites_line
 from .source import NOT_RECORDED, Frames, as_frames
@@ -28,7 +30,10 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     """One row per fact: section, metric, value (a number, or None), text (with units).
 
     Sections: plan (nodes, host fallback, static capture verdicts), decode (steps,
-    tokens, prefill ms, decode latency = decode wall time per generated token, tokens/s, median decode step), memo (actions, views reused,
+    tokens, prefill ms, decode latency = decode wall time per generated token, tokens/s, median decode step,
+    onnxruntime's latency and the ratio where the recording carries one), time (each phase's
+    step breakdown: kernels, seams, replay, capture, shapes, executor; onnxruntime's
+    profile beside ours where recorded), memo (actions, views reused,
     dispatch elided), views (zero-copy views, in-place writes, copies), memory
     (resident peak, planner peak, lower bound, one buffer per value), capture
     (segments, replays, declines by reason, capture coverage: the share of the decode's
@@ -68,6 +73,24 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
     med = float(np.median(decode)) if len(decode) else None
     add("decode", "decode step (median)", med, fmt_ms(med) + (" (one run; the latency above is the mean per token)"
                                                              if med is not None else ""))
+    peer = peer_latency(f)
+    if peer is None:
+        add("decode", "onnxruntime latency", None,
+            "no peer measurement in this recording (workbench report and workbench demo add one)")
+    else:
+        same = {True: "tokens identical", False: "tokens DIFFERENT", None: "tokens not compared"}
+        add("decode", f"{peer['runtime']} latency", peer["ms_per_token"],
+            f"{peer['ms_per_token']:.3f} ms/token (the same loop, timed alike)")
+        add("decode", f"workbench / {peer['runtime']}", peer["ratio"],
+            f"{peer['ratio']:.2f}x; {same[peer['tokens_identical']]}")
+
+    # where each step's wall time went (reports.anatomy): the parts sum to the wall time
+    for line in breakdown_lines(f):
+        add("time", "step breakdown", None, line)
+    for line in breakdown_missing(f):
+        add("time", "not split out", None, line + " (counted as executor time)")
+    for line in peer_lines(f):
+        add("time", "vs onnxruntime profile", None, line)
 
     memo = f.optional("memo_timeline")
     if memo is None:
@@ -142,7 +165,8 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
             top = costs.iloc[0]
             add("capture", "costliest seam reason", float(top["us_per_token"]),
                 f"{top['reason']}: {fmt_us(top['us_per_token'])} per token "
-                f"({100 * float(top['share_of_step']):.1f}% of step time, {int(top['seams'])} seams)")
+                f"({100 * float(top['share_of_step']):.1f}% of step time, {int(top['seams'])} seams; per step "
+                f"p10 {fmt_us(top['p10_us'])}, median {fmt_us(top['median_us'])}, p90 {fmt_us(top['p90_us'])})")
 
     checks = f.optional("shadow_checks")
     if checks is None:
