@@ -33,20 +33,30 @@ class ReportRun:
 def decode_and_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path,
                       backend: str = "cpu", kv: str = "auto", eos_token_id: int | None = None,
                       on_token: Callable[[int], None] | None = None, label: str = "",
-                      prefill: Any = None, overrides: dict | None = None) -> int:
+                      prefill: Any = None, overrides: dict | None = None, peer_profile: bool = True) -> int:
     """Decode `model` (with `prefill`, a second graph that runs the prompt) while recording
     everything; write the report; print a summary; 0 when onnxruntime agrees token for token."""
     return run_report(model, prompt, steps, out_dir=out_dir, backend=backend, kv=kv,
                       eos_token_id=eos_token_id, on_token=on_token, label=label, prefill=prefill,
-                      overrides=overrides).code
+                      overrides=overrides, peer_profile=peer_profile).code
 
 
 def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path,
                backend: str = "cpu", kv: str = "auto", eos_token_id: int | None = None,
                on_token: Callable[[int], None] | None = None, label: str = "",
-               prefill: Any = None, overrides: dict | None = None, return_logits: bool = False) -> ReportRun:
+               prefill: Any = None, overrides: dict | None = None, return_logits: bool = False,
+               peer_profile: bool = True) -> ReportRun:
+    """`decode_and_report`, returning what it did. `peer_profile`: decode once more with
+    onnxruntime's profiler on (a run of its own, so the timed run stays unprofiled) and
+    carry its per-node kernel times in the recording (reports.join_peer_profile)."""
     from .. import Generator, InferenceSession  # noqa: PLC0415
-    from ..reports import LATENCY_DEFINITION, decode_latency, per_token_ms, summary_text  # noqa: PLC0415
+    from ..reports import (  # noqa: PLC0415
+        LATENCY_DEFINITION,
+        PEER_TABLE,
+        decode_latency,
+        per_token_ms,
+        summary_text,
+    )
 
     overrides = overrides or {}
     session = InferenceSession(model, backend=backend)
@@ -60,13 +70,8 @@ def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path
         on_token(None)  # the stream's end
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_reports(sessions, out, label, {"model": model, "prefill": prefill, "decode": model})
-    print(f"\n{label}: {len(result.tokens)} tokens, KV cache {result.kv_mode}"
-          f"{' (shared past/present buffer)' if result.shared_buffer else ''}")
-    for graph, sess in sessions.items():
-        if pre is not None:
-            print(f"\n== {graph} graph ==")
-        print(summary_text(sess.recording))
+    # onnxruntime first: its latency and profile go into the recording, so the summary
+    # and the HTML report show "workbench / onnxruntime" as this output does
     peer_error = None
     try:
         peer, peer_runs = _peer(model, prefill, prompt, len(result.tokens), kv, overrides, return_logits)
@@ -74,6 +79,21 @@ def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path
         peer, peer_runs, peer_error = None, [], _one_line(e)
     # one definition (reports.latency): the decode graph's runs' wall time per generated token
     ours_ms = decode_latency(session.recording)["ms_per_token"]
+    peer_ms = per_token_ms(peer_runs, len(peer.tokens) - 1) if peer is not None else None
+    if peer is not None and session.recording is not None:
+        session.recording.add_row(PEER_TABLE, runtime="onnxruntime", ms_per_token=peer_ms,
+                                  tokens_per_s=1e3 / peer_ms, decode_runs=len(peer_runs),
+                                  decode_tokens=len(peer.tokens) - 1, tokens_identical=peer.tokens == result.tokens,
+                                  definition=LATENCY_DEFINITION)
+        if peer_profile:
+            _attach_peer_profile(session.recording, model, prefill, prompt, len(result.tokens), kv, overrides, out)
+    _write_reports(sessions, out, label, {"model": model, "prefill": prefill, "decode": model})
+    print(f"\n{label}: {len(result.tokens)} tokens, KV cache {result.kv_mode}"
+          f"{' (shared past/present buffer)' if result.shared_buffer else ''}")
+    for graph, sess in sessions.items():
+        if pre is not None:
+            print(f"\n== {graph} graph ==")
+        print(summary_text(sess.recording))
     print(f"\n[latency] {LATENCY_DEFINITION}, each runtime's decode runs timed alike")
     print(f"  workbench     {ours_ms:8.3f} ms/token  {1e3 / ours_ms:7.1f} tokens/s  (as in the summary)")
     if peer_error is not None:
@@ -82,9 +102,9 @@ def run_report(model: Any, prompt: list[int], steps: int, *, out_dir: str | Path
         print("  onnxruntime   not installed: no comparison")
     else:
         same = peer.tokens == result.tokens
-        peer_ms = per_token_ms(peer_runs, len(peer.tokens) - 1)
         print(f"  onnxruntime   {peer_ms:8.3f} ms/token  {1e3 / peer_ms:7.1f} tokens/s")
         print(f"  workbench / onnxruntime: {ours_ms / peer_ms:.2f}x; tokens {'identical' if same else 'DIFFERENT'}")
+    print("  where each step's time goes: [time] above (reports.step_breakdown; its parts sum to the wall time)")
     frames = out / "frames"
     print(f"\nreport: {out / 'report.html'}  frames: {frames}/" + ("{prefill,decode}/" if pre is not None else ""))
     code = 0 if peer is None or peer.tokens == result.tokens else 1
@@ -105,16 +125,18 @@ def _write_reports(sessions: dict[str, Any], out: Path, label: str, sources: dic
     (`prefill.html`, `decode.html`) and frames (`frames/prefill/`, `frames/decode/`), and a
     `report.html` that shows both: the graphs, every step in run order tagged with the graph
     that ran it, and each graph's report inline."""
-    from ..reports import export, to_html  # noqa: PLC0415
+    from ..reports import export, to_chrome_trace, to_html  # noqa: PLC0415
 
     if set(sessions) == {"model"}:
         rec = sessions["model"].recording
         to_html(rec, out / "report.html", title=f"Workbench report: {label}" if label else "Workbench recording")
         export(rec, out / "frames")
+        to_chrome_trace(rec, out / "trace.json")  # open in ui.perfetto.dev
         return
     for graph, sess in sessions.items():
         to_html(sess.recording, out / f"{graph}.html", title=f"{label}: the {graph} graph ({_name(sources[graph])})")
         export(sess.recording, out / "frames" / graph)
+        to_chrome_trace(sess.recording, out / f"trace-{graph}.json")
     (out / "report.html").write_text(_pair_index(sessions, label, sources), encoding="utf-8")
 
 
@@ -190,9 +212,10 @@ class _TimedRuns:
 
 
 def _peer(model: Any, prefill: Any, prompt: list[int], steps: int, kv: str, overrides: dict,
-          return_logits: bool):
+          return_logits: bool, profile_prefix: Path | None = None):
     """onnxruntime through the same Generator loop: (its GenerationResult, the wall seconds
-    of its decode runs -- the prefill run left out), or (None, []) without onnxruntime."""
+    of its decode runs -- the prefill run left out), or (None, []) without onnxruntime.
+    With `profile_prefix`: (the decode session's profile file, its prefill runs) instead."""
     try:
         import onnxruntime as ort  # noqa: PLC0415
     except ImportError:
@@ -201,6 +224,9 @@ def _peer(model: Any, prefill: Any, prompt: list[int], steps: int, kv: str, over
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(profile_prefix)
 
     def open_(source: Any):
         source = source if isinstance(source, (str, Path)) else source.SerializeToString()
@@ -211,7 +237,30 @@ def _peer(model: Any, prefill: Any, prompt: list[int], steps: int, kv: str, over
     decode = _TimedRuns(open_(model))
     result = Generator(decode, prefill=pre, **overrides).generate(
         prompt, steps, kv=kv, eos_token_id=-1, progress=False, return_logits=return_logits)
+    if profile_prefix is not None:
+        if pre is not None:
+            pre.end_profiling()  # the prefill graph's own file: not compared here
+        return Path(decode.end_profiling()), 0 if pre is not None else 1
     return result, decode.seconds if pre is not None else decode.seconds[1:]
+
+
+def _attach_peer_profile(rec: Any, model: Any, prefill: Any, prompt: list[int], steps: int, kv: str,
+                         overrides: dict, out: Path) -> None:
+    """onnxruntime's per-node profile of a decode of its own, into the recording's
+    `peer_profile` table (reports.peer_profile's columns); a failure is printed, not raised."""
+    from ..reports import PROFILE_COLUMNS, peer_profile  # noqa: PLC0415
+
+    try:
+        path, prefill_runs = _peer(model, prefill, prompt, steps, kv, overrides, False,
+                                   profile_prefix=out / "onnxruntime_profile")
+        if path is None:
+            return
+        prof = peer_profile(path, skip_runs=prefill_runs)
+    except Exception as e:  # noqa: BLE001 - the comparison is extra; the report stands without it
+        print(f"onnxruntime's profile could not be read: {_one_line(e)}")
+        return
+    rec.add_rows("peer_profile", tuple(PROFILE_COLUMNS),
+                 [tuple(r) for r in prof[PROFILE_COLUMNS].itertuples(index=False, name=None)])
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -250,7 +299,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt_tokens).tolist()
     return decode_and_report(str(files.decode), prompt, args.steps, out_dir=args.out, backend=args.backend,
                              kv=args.kv, eos_token_id=-1, label=str(args.model),
-                             prefill=str(files.prefill) if files.prefill else None, overrides=overrides)
+                             prefill=str(files.prefill) if files.prefill else None, overrides=overrides,
+                             peer_profile=args.peer_profile)
 
 
 def _no_trace():
@@ -272,6 +322,8 @@ def add_parser(sub) -> None:
     report.add_argument("--kv-map", action="append", metavar="PAST=PRESENT",
                         help="pair a past K/V input with its present output (names no pattern knows)")
     report.add_argument("--out", default="workbench-report")
+    report.add_argument("--no-peer-profile", dest="peer_profile", action="store_false",
+                        help="skip the second onnxruntime decode with its profiler on (the per-node comparison)")
     report.set_defaults(func=cmd_report)
 
 
