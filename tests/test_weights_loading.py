@@ -30,6 +30,15 @@ def _big_initializers(session):
     return [a for a in session.graph.initializers.values() if a.nbytes > 4096]
 
 
+def _held_as_stored(a, path, raw: bytes) -> bool:
+    """Whether the loaded weight `a` is held as the file stores `raw`, its bytes: mapped
+    from the file where they start aligned for the dtype, else read into an aligned
+    copy of its own (both read-only)."""
+    offset = path.read_bytes().find(raw)
+    assert offset >= 0 and not a.flags.writeable and a.flags.aligned
+    return isinstance(_root(a), mmap.mmap) == (offset % a.dtype.alignment == 0)
+
+
 def _decode_both(path_or_bytes, peer_model):
     ours = Generator(workbench.InferenceSession(path_or_bytes)).generate(
         list(range(3, 11)), 12, progress=False, eos_token_id=-1, kv="fixed")
@@ -80,9 +89,11 @@ def test_embedded_weights_in_a_model_file_are_mapped_from_it(tmp_path):
     onnx.save_model(model, path)  # weights embedded in the one file
     session = workbench.InferenceSession(str(path), workbench.SessionOptions(graph_optimization_level="basic"))
     big = _big_initializers(session)
-    assert big and all(isinstance(_root(a), mmap.mmap) for a in big), "mapped from the file, never parsed"
-    assert not any(a.flags.writeable for a in big)
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    names = {id(a): session.graph.values[v].name for v, a in session.graph.initializers.items()}
+    assert big and all(_held_as_stored(a, path, stored[names[id(a)]].tobytes()) for a in big), \
+        "mapped from the file (aligned) or an aligned copy (misaligned), never parsed"
+    assert any(isinstance(_root(a), mmap.mmap) for a in big)
     for vid, a in session.graph.initializers.items():
         np.testing.assert_array_equal(a, stored[session.graph.values[vid].name])
     assert all(not t.raw_data for t in session.model_proto.graph.initializer if t.name in
@@ -129,7 +140,7 @@ def test_unusual_embedded_initializers_in_a_file_match_onnx_reference(tmp_path):
     onnx.save_model(_odd_initializers_model(), path)
     session = workbench.InferenceSession(str(path), workbench.SessionOptions(graph_optimization_level="disabled"))
     plain = session.graph.initializers[session.graph.by_name["plain"]]
-    assert isinstance(_root(plain), mmap.mmap), "the plain float weight is mapped"
+    assert _held_as_stored(plain, path, np.asarray(plain).tobytes()), "the plain float weight is mapped or aligned"
     oracle = ReferenceEvaluator(str(path))
     x = np.empty((64, 48), np.float32)  # one buffer, new contents every run
     rng = np.random.default_rng(0)
@@ -174,3 +185,65 @@ def test_a_truncated_or_inconsistent_model_file_is_refused_clearly(tmp_path):
     onnx.save_model(model, short)
     with pytest.raises(ModelLoadError, match=r"initializer 'plain' has dims \[64, 48\].*stores 12280 bytes"):
         workbench.InferenceSession(str(short))
+
+
+def _table_model(name: str) -> onnx.ModelProto:
+    """An embedding Gather from a big table, then a MatMul by its transpose: the nodes
+    numpy copies an unaligned array for before it computes."""
+    rng = np.random.default_rng(21)
+    table = numpy_helper.from_array(rng.standard_normal((1024, 16)).astype(np.float32), name)
+    nodes = [helper.make_node("Gather", [name, "ids"], ["emb"], axis=0),
+             helper.make_node("Transpose", [name], ["transposed"], perm=[1, 0]),
+             helper.make_node("MatMul", ["emb", "transposed"], ["y"])]
+    graph = helper.make_graph(nodes, "table", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1024])], [table])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def _misaligned_file(tmp_path, external: bool):
+    """The table's bytes at an offset that is no multiple of 4 in the model file (its
+    raw_data wherever protobuf puts it: the name's length moves it) or in an external
+    data file (offset 1)."""
+    if external:
+        model = _table_model("table")
+        table = model.graph.initializer[0]
+        raw = table.raw_data
+        (tmp_path / "weights.bin").write_bytes(b"\0" + raw)
+        onnx.external_data_helper.set_external_data(table, "weights.bin", offset=1, length=len(raw))
+        table.ClearField("raw_data")
+        table.data_location = TensorProto.EXTERNAL
+        path = tmp_path / "external.onnx"
+        path.write_bytes(model.SerializeToString())
+        return path, 1, "table"
+    for length in range(1, 9):
+        model = _table_model("w" * length)
+        data = model.SerializeToString()
+        offset = data.find(model.graph.initializer[0].raw_data)
+        if offset % 4:
+            path = tmp_path / "embedded.onnx"
+            path.write_bytes(data)
+            return path, offset, "w" * length
+    raise AssertionError("no name length put the table at an odd offset")
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["embedded", "external"])
+def test_a_weight_stored_at_a_misaligned_offset_is_read_aligned(tmp_path, external):
+    """A mapped weight whose bytes start at an offset misaligned for its dtype was an
+    unaligned array, which numpy copies whole before a Gather or a MatMul reads it:
+    every step (torch.onnx legacy's SmolLM2 embedding, 113 MB at an odd offset in the
+    model file: a 30 ms Gather a token). It is read into memory of its own, read-only;
+    aligned weights stay mapped. Values are onnxruntime's over runs that refill one
+    input array."""
+    path, offset, name = _misaligned_file(tmp_path, external)
+    assert offset % 4
+    session = workbench.InferenceSession(str(path))
+    table = session.graph.initializers[session.graph.by_name[name]]
+    assert table.flags.aligned and not table.flags.writeable
+    assert not isinstance(_root(table), mmap.mmap)
+    peer = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = np.zeros((1, 2), np.int64)
+    rng = np.random.default_rng(22)
+    for run in range(8):
+        ids[...] = rng.integers(0, 1024, ids.shape)
+        np.testing.assert_allclose(session.run(None, {"ids": ids})[0], peer.run(None, {"ids": ids})[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=f"run {run}")

@@ -97,11 +97,24 @@ def _map_lifted(path: Path, proto: onnx.ModelProto, lifted: list[LiftedBytes],
                 continue
             dims = _checked_dims(t, dtype, item.length)
             try:
-                weights[t.name] = np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=item.offset,
-                                                       shape=dims))
+                weights[t.name] = _mapped(path, dtype, item.offset, dims)
             except (OSError, ValueError) as e:
                 raise ModelLoadError(f"initializer {t.name!r}: cannot map it from {str(path)!r}: {e}") from None
             _mark_set_aside(t)
+
+
+def _mapped(path: Path, dtype: np.dtype, offset: int, dims: tuple) -> np.ndarray:
+    """A read-only plain ndarray over the file's bytes (kernels see no memmap subclass);
+    read into memory of its own where `offset` is misaligned for `dtype` (an embedded
+    raw_data lands wherever the protobuf put it): numpy copies an unaligned array
+    before most kernels use it, and did so every step (torch.onnx's SmolLM2 embedding,
+    113 MB at an odd offset: a 30 ms Gather per token)."""
+    mapped = np.asarray(np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=dims))
+    if mapped.flags.aligned:
+        return mapped
+    aligned = mapped.copy()
+    aligned.flags.writeable = False
+    return aligned
 
 
 def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
@@ -191,8 +204,7 @@ def _map_external(root: Path, tensor: onnx.TensorProto, dtype: np.dtype) -> np.n
     if want == 0:
         return np.zeros(dims, dtype)
     try:
-        # a plain ndarray over the map (kernels see no memmap subclass); read-only
-        return np.asarray(np.memmap(target, dtype=dtype, mode="r", offset=offset, shape=dims))
+        return _mapped(target, dtype, offset, dims)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{what}: cannot map external data {entries['location']!r}: {e}") from None
 
