@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_capture_holds import range_positions, sliding_window
 
 import workbench
 from workbench import SessionOptions, reports
 from workbench.reports import figures
 from workbench.trace import Recording
-
-from test_capture_holds import range_positions, sliding_window
 
 
 def _plain_loop(proto, feeds_of, runs: int = 16) -> workbench.InferenceSession:

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -24,28 +22,12 @@ from workbench.ops import contrib_quant, nbits_int8
 
 ort = pytest.importorskip("onnxruntime")
 
-MS = "com.microsoft"
-OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)]
-#: both compute in float32 from the same integers: what is left is the rounding of the
-#: per-block scaling and the sum over blocks (~5e-7 of the output in practice); one
-#: activation rounded differently would be ~1e-3
-REL_TOL = 3e-6
-
-
-def _rng(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _pack(values: np.ndarray, bits: int) -> np.ndarray:
-    """ints [..., n] < 2**bits -> uint8 [..., ceil(n * bits / 8)], low bits first."""
-    per = 8 // bits
-    pad = (-values.shape[-1]) % per
-    v = np.concatenate([values, np.zeros(values.shape[:-1] + (pad,), values.dtype)], axis=-1)
-    v = v.reshape(values.shape[:-1] + (-1, per)).astype(np.uint8)
-    packed = np.zeros(v.shape[:-1], np.uint8)
-    for i in range(per):
-        packed |= (v[..., i] << (bits * i)).astype(np.uint8)
-    return packed
+# the int4 packing, seeded draws and opsets the other MatMulNBits tests use; both
+# compute in float32 from the same integers: what is left is the rounding of the
+# per-block scaling and the sum over blocks (~5e-7 of the output in practice); one
+# activation rounded differently would be ~1e-3, far outside REL_TOL
+from test_quant_ops_ort import MS, OPSETS, REL_TOL, _pack  # noqa: E402
+from test_quant_ops_ort import rng_for as _rng  # noqa: E402
 
 
 def _weights(r, K, N, bits, block, with_zp):
