@@ -148,6 +148,11 @@ GLOSSARY: dict[str, str] = {
     "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
     "eager": "mode eager: the node was dispatched on its own, one kernel launch",
     "seam": "an eager node between captured segments; every seam has a decline reason",
+    "bake": "capture bake: a value a captured node reads on the host (a shape tensor whose values the memo "
+            "validated as the same at every replay) is taken into the graph as a constant when it is recorded; "
+            "'segment bakes' counts these values, one per node, so one capture can bake several",
+    "warm-up": "a step run eagerly before capture: its just-in-time shapes seed the recording of the "
+               "captured segments at a later step",
     "primed": "memo primed: the first observation of a binding signature (nothing to reuse yet)",
     "rebuilt": "memo rebuilt: two consecutive steps diffed; symbols that changed are varying",
     "memo replayed": "memo replayed: invariant shapes reused, only the varying tail re-resolved",
