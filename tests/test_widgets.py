@@ -178,8 +178,9 @@ def test_plan_model_shapes_modes_and_segments_at_a_step(frames):
     assert p3["output_shapes"][4] == "[3, nnz]"  # a data-dependent dim stays symbolic
     assert p3["mode"].tolist() == ["replayed", "elided", "replayed", "replayed", "eager", "eager"]
     assert p3["duration_us"].tolist() == pytest.approx([1, 2, 3, 4, 5, 6])
-    assert p0["group"].tolist() == ["eager seam"] * 5 + ["host fallback"]  # warm-up: all eager
-    assert p3["group"].tolist() == ["captured"] * 4 + ["eager seam", "host fallback"]
+    assert p0["group"].tolist() == ["warm-up"] * 5 + ["host fallback"]  # warm-up: all eager, no seam
+    # a captured node is named by its segment's state, as the Segmentation tab names (and colours) it
+    assert p3["group"].tolist() == ["replayed"] * 4 + ["eager seam", "host fallback"]
     assert p3["segment_state"].tolist() == ["replayed"] * 4 + ["eager"] * 2
     assert p3["segment"].tolist() == [0, 0, 0, 0, 1, 1]
 

@@ -11,6 +11,7 @@ import ipywidgets as W
 from ..reports import Frames
 from .controls import StepControl
 from .model import StepCursor
+from .table import STYLE
 
 __all__ = ["RecordingView", "as_frames"]
 
@@ -52,7 +53,8 @@ class RecordingView(W.VBox):
         body = self._build()
         show_controls = standalone if controls is None else controls
         self.controls = StepControl(self.cursor, lock=self.lock) if show_controls else None
-        super().__init__(([self.controls] if self.controls else []) + [self.message] + body)
+        super().__init__([W.HTML(STYLE)] + ([self.controls] if self.controls else []) + [self.message] + body,
+                         layout=W.Layout(width="100%", max_width="100%"))
         self.add_class("wb-view")
         self.cursor.observe(self._changed, names=["step", "slot", "node", "version"])
         if active:

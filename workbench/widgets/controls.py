@@ -27,9 +27,10 @@ class StepControl(W.HBox):
         self._syncing = False
         self.prev_btn = W.Button(description="◀", tooltip="previous step", layout=W.Layout(width="40px"))
         self.next_btn = W.Button(description="▶", tooltip="next step", layout=W.Layout(width="40px"))
-        self.play = W.Play(interval=interval_ms, min=0, max=0, step=1, description="play", repeat=False)
+        self.play = W.Play(interval=interval_ms, min=0, max=0, step=1, description="play", repeat=False,
+                           tooltip="play / pause / stop / repeat: step through the recorded steps")
         self.slider = W.IntSlider(min=0, max=0, description="step", readout=False, continuous_update=False,
-                                  layout=W.Layout(width="320px"))
+                                  layout=W.Layout(width="320px", max_width="30%"))
         self.slot = W.Dropdown(options=cursor.slots, value=cursor.slot, description="slot",
                                layout=W.Layout(width="170px"))
         self.label = W.HTML()
@@ -42,7 +43,8 @@ class StepControl(W.HBox):
         self.slider.observe(self._slider_moved, names="value")
         self.slot.observe(lambda c: self._user(lambda: cursor.set_slot(c["new"])), names="value")
         cursor.observe(self._sync, names=["step", "slot", "version"])
-        super().__init__([self.prev_btn, self.play, self.slider, self.next_btn, self.slot, self.label])
+        super().__init__([self.prev_btn, self.play, self.slider, self.next_btn, self.slot, self.label],
+                         layout=W.Layout(flex_flow="row wrap", width="100%"))
         self.add_class("wb-step-control")
         self._sync()
 

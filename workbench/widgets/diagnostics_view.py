@@ -6,6 +6,7 @@ import html
 from typing import Any
 
 import ipywidgets as W
+import pandas as pd
 
 from ..reports import capture_coverage, kv_growth, seam_costs
 from ..reports.figures import coverage_figure, kv_growth_figure, seam_costs_figure
@@ -37,8 +38,8 @@ class DiagnosticsView(RecordingView):
         self.changed_only = W.Checkbox(value=True, description="differences only", indent=False)
         self.headline = W.HTML()
         self.headline.add_class("wb-diagnostic-headline")
-        self.figure = FigureHolder()
-        self.table = PagedTable(size=20, formatters={"us_per_token": fmt_us, "total_us": fmt_us})
+        self.figure = FigureHolder(max_height=540)
+        self.table = PagedTable(size=15, formatters={"us_per_token": fmt_us, "total_us": fmt_us})
         self._syncing = False
         self.call.observe(lambda _c: self.render(force=True), names="value")
         self.other.observe(lambda _c: None if self._syncing else self.render(force=True), names="value")
@@ -73,7 +74,10 @@ class DiagnosticsView(RecordingView):
         node, model = c.node, self.model
         shown = df.drop(columns=[x for x in ("value_id",) if x in df])
         page = 0
-        if node >= 0:  # open the page holding the selected node's first row
+        if is_diff:  # open on the headline rows (plan, bindings, memo, segments, memory...), after
+            # the selected node's rows (those used to open page 3 of 16, near row 200)
+            shown = headline_first(shown, [model.matches_node(r, node) for _, r in shown.iterrows()])
+        elif node >= 0:  # open the page holding the selected node's first row
             hits = [i for i, (_, r) in enumerate(shown.iterrows()) if model.matches_node(r, node)]
             page = hits[0] // self.table.size if hits and not self.table.query.value else 0
         self.table.set_frame(shown, page, lambda r: model.matches_node(r, node))
@@ -101,3 +105,13 @@ class DiagnosticsView(RecordingView):
     def show(self, call: str) -> None:
         """Select a call by name (what clicking its button does)."""
         self.call.value = call
+
+
+def headline_first(diff: pd.DataFrame, selected: list[bool]) -> pd.DataFrame:
+    """A diff's rows on one first page: the selected node's few rows (shapes, mode, time),
+    then those about the step as a whole, then every other node's."""
+    if diff.empty or "aspect" not in diff:
+        return diff
+    per_node = diff["aspect"].isin(["shapes", "mode", "time"])
+    sel = pd.Series(selected, index=diff.index, dtype=bool) if len(selected) == len(diff) else per_node & False
+    return pd.concat([diff[per_node & sel], diff[~per_node], diff[per_node & ~sel]])

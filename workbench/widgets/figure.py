@@ -4,10 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import copy
+import math
+import re
+
 import ipywidgets as W
 import plotly.graph_objects as go
+import plotly.io as pio
 
-__all__ = ["FigureHolder", "show_figure"]
+__all__ = ["THEME", "WIDGET_COLORS", "FigureHolder", "glance", "show_figure"]
+
+#: the widgets' plotly template: plotly_white with transparent backgrounds, so a plot
+#: sits on the notebook's own background in JupyterLab's light and dark themes alike
+#: (in the dark theme the stylesheet, `table.STYLE`, turns its text and grid light)
+THEME = copy.deepcopy(pio.templates["plotly_white"])
+THEME.layout.paper_bgcolor = "rgba(0,0,0,0)"
+THEME.layout.plot_bgcolor = "rgba(0,0,0,0)"
+
+#: colours the widgets give names the reports' palette does not know (one per meaning)
+WIDGET_COLORS = {"warm-up": "#9e9e9e"}
+
+#: legend names that said one word twice ("capture capture") -> what the marker means
+_LEGEND = {"capture capture": "graph recorded (capture)", "capture replay": "graph replayed",
+           "capture retire": "graph retired", "capture quarantine": "op type quarantined",
+           "capture bake": "host value baked in (bake)"}
 
 
 class FigureHolder(W.VBox):
@@ -20,16 +40,56 @@ class FigureHolder(W.VBox):
     drawn inside a visible container and is sized to it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_height: int | None = None) -> None:
         self.widget: go.FigureWidget | None = None
+        self.max_height = max_height
         super().__init__([], layout=W.Layout(width="100%"))
         self.add_class("wb-figure")
 
-    def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
+    def ensure(self) -> go.FigureWidget:
+        """Make the FigureWidget now (empty), so the browser loads plotly while a live decode
+        runs its first step."""
         if self.widget is None:
-            self.widget = go.FigureWidget(layout={"template": "plotly_white", "height": 120})
+            self.widget = go.FigureWidget(layout={"template": THEME, "height": 120, "autosize": True})
             self.children = [self.widget]
-        show_figure(self.widget, fig, on_click)
+        return self.widget
+
+    def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
+        glance(fig, self.max_height)
+        show_figure(self.ensure(), fig, on_click)
+
+
+def glance(fig: go.Figure, max_height: int | None = None) -> go.Figure:
+    """The widgets' look on a reports figure: the theme-following template, the widget
+    colours, legends that name what a marker means, a count on merged markers, no NaN
+    (plotly sends figures as JSON, where NaN is not valid), and at most `max_height` px."""
+    fig.update_layout(template=THEME, autosize=True, width=None)
+    if max_height is not None and (fig.layout.height or 0) > max_height:
+        fig.update_layout(height=max_height)
+    for trace in fig.data:
+        name = getattr(trace, "name", None)
+        if name in WIDGET_COLORS and hasattr(trace, "marker"):
+            trace.marker.color = WIDGET_COLORS[name]
+        if name in _LEGEND:
+            trace.name = _LEGEND[name]
+            counts = [_count(h) for h in (trace.hovertext or [])]
+            if any(c > 1 for c in counts):  # "×8" beside a marker that stands for 8 events
+                trace.mode = "markers+text"
+                trace.text = [f"×{c}" if c > 1 else "" for c in counts]
+                trace.textposition = "top center"
+                trace.textfont = {"size": 9}
+        if getattr(trace, "type", None) == "heatmap" and trace.z is not None:
+            trace.z = [[None if _nan(v) else v for v in row] for row in trace.z]
+    return fig
+
+
+def _count(hover: str) -> int:
+    m = re.search(r"×(\d+)", str(hover))
+    return int(m.group(1)) if m else 1
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
 
 
 def show_figure(fw: go.FigureWidget, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:

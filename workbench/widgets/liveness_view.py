@@ -28,7 +28,7 @@ class LivenessView(RecordingView):
         self.constants.observe(lambda _c: self.render(force=True), names="value")
         self.numbers = W.HTML()
         self.numbers.add_class("wb-memory-numbers")
-        self.figure = FigureHolder()
+        self.figure = FigureHolder(max_height=560)
         return [W.HBox([self.numbers, self.constants]), self.figure]
 
     def _render(self) -> None:
@@ -41,13 +41,15 @@ class LivenessView(RecordingView):
             live = self.model.live_at(c.step, c.node)
             at = (f" · at node #{c.node}: {fmt_bytes(live['live_bytes'])} live in "
                   f"{len(live['values'])} values")
-        def term(label: str) -> str:  # each number says on hover what it measures
-            return f"<abbr title='{html.escape(MEMORY_MEASURES[label], quote=True)}'>{label}</abbr>"
+        def term(label: str, shown: str | None = None) -> str:  # each number says on hover what it measures
+            return f"<abbr title='{html.escape(MEMORY_MEASURES[label], quote=True)}'>{shown or label}</abbr>"
 
+        # every number here is this step's (the Summary's resident peak is the highest step's)
         self.numbers.value = (
-            f"<b>step {c.step}</b> · {term('planner peak')} <b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · "
+            f"<b>step {c.step}</b> (numbers of this step) · {term('planner peak')} "
+            f"<b>{fmt_bytes(mem['planner_peak_bytes'])}</b> · "
             f"{term('lower bound')} {fmt_bytes(mem['lower_bound_bytes'])} · {term('one buffer per value')} "
-            f"{fmt_bytes(mem['one_buffer_per_value_bytes'])} · {term('resident peak')} "
+            f"{fmt_bytes(mem['one_buffer_per_value_bytes'])} · {term('resident peak', 'resident peak (this step)')} "
             f"{fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
         self.figure.show(liveness_figure(lt, self.model.curve(c.step), mem, c.node,
                                                  self.model.highlight(c.node),

@@ -23,7 +23,7 @@ class MemoTimeline(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = MemoModel(self.frames)
-        self.figure = FigureHolder()
+        self.figure = FigureHolder(max_height=540)
         self.at_step = W.HTML()
         self.at_step.add_class("wb-memo-at-step")
         self.table = PagedTable(size=12, formatters={"resolve_ms": fmt_ms})
@@ -40,14 +40,20 @@ class MemoTimeline(RecordingView):
         lat = self.model.latency()
         row = lat[lat["step"] == c.step]
         rate = row["tokens_per_s"].iloc[0] if not row.empty else None
-        lines = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in at["lanes"].items())
+        lines = "".join(f"<li><b>{html.escape(k)}</b> (this step): {html.escape(v)}</li>"
+                        for k, v in at["lanes"].items())
+        totals = self.model.totals()
+        if totals:  # the Summary's numbers are these totals
+            lines += ("<li><b>all steps</b> (as the Summary counts): "
+                      + ", ".join(f"{html.escape(k)} {v}" for k, v in totals.items()) + "</li>")
         self.at_step.value = (f"<b>step {c.step}</b> · {html.escape(str(info.get('phase') or 'run'))} · "
                               f"{fmt_ms(info.get('wall_ms'))} · {fmt_rate(rate)}<ul>{lines or '<li>—</li>'}</ul>")
         memo = self.frames.optional("memo_timeline")
         if memo is not None:
             step = c.step
-            self.table.set_frame(memo.drop(columns=[x for x in ("seq",) if x in memo]), None,
-                                 lambda r: r["step"] == step)
+            per_step = {c: f"{c} (this step)" for c in ("views_reused", "dispatch_elided") if c in memo}
+            self.table.set_frame(memo.drop(columns=[x for x in ("seq",) if x in memo]).rename(columns=per_step),
+                                 None, lambda r: r["step"] == step)
         self.table.layout.display = None if memo is not None else "none"
 
     def _go(self, step) -> None:

@@ -24,7 +24,7 @@ class PlanView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = PlanModel(self.frames)
-        self.figure = FigureHolder()
+        self.figure = FigureHolder(max_height=540)
         self.table = PagedTable(size=20, formatters={"duration_us": fmt_us},
                                 filter_columns=["name", "op_type", "kernel", "group", "mode"])
         self.table.layout.width = "100%"
@@ -70,12 +70,19 @@ def node_detail_html(d: dict | None) -> str:
 
     verdict = ("capturable" if d["capture_supported"] else
                f"declines: <b>{e(str(d['capture_reason']))}</b> — {e(d['capture_detail'])}")
-    return (f"<div style='padding:4px 12px;border-left:3px solid #d62728;overflow-wrap:anywhere'>"
+    why = ""
+    if d.get("decline"):  # why it ran eager at this step, beside what the op could do in general
+        reason, detail = d["decline"]
+        why = (f"<br>why eager at this step: <b>{e(reason)}</b> — {e(detail)}" if reason == "warm-up" else
+               f"<br>eager seam at this step, declined: <b>{e(reason)}</b> — {e(detail)}")
+    return (f"<div style='padding:4px 12px;border-left:3px solid var(--jp-brand-color1,#d62728);"
+            f"overflow-wrap:anywhere'>"
             f"<b>#{d['plan_index']} {e(d['name'])}</b><br>"
             f"{e(d['op_type'])}{(' (' + e(d['domain']) + ')') if d['domain'] else ''} · kernel {e(d['kernel'])}"
             f"{' · produces a view' if d['produces_view'] else ''}<br>"
             f"this step: {e(d['mode'])}, {e(d['duration'])}<br>"
-            f"{e(d['segment']) if d['segment'] else 'segment: ' + e(d['group'])}<br>static verdict: {verdict}"
+            f"{e(d['segment']) if d['segment'] else 'segment: ' + e(d['group'])}{why}"
+            f"<br>static verdict (the op at any step): {verdict}"
             f"<br>inputs<ul>{io(d['inputs'])}</ul>outputs<ul>{io(d['outputs'])}</ul></div>")
 
 

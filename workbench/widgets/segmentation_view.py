@@ -25,8 +25,8 @@ class SegmentationView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = SegmentationModel(self.frames)
-        self.segments_fig = FigureHolder()
-        self.reasons_fig = FigureHolder()
+        self.segments_fig = FigureHolder(max_height=480)
+        self.reasons_fig = FigureHolder(max_height=320)
         self.reason = W.Dropdown(options=[_ALL], value=_ALL, description="reason", layout=W.Layout(width="320px"))
         self.seam_pick = W.Dropdown(options=[("(select a seam)", -1)], value=-1, description="seam",
                                     layout=W.Layout(width="520px"))

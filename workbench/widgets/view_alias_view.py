@@ -25,11 +25,12 @@ class ViewAliasView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = ViewsModel(self.frames)
-        self.pick = W.Dropdown(description="view", layout=W.Layout(width="640px"))
+        self.pick = W.Dropdown(description="view", layout=W.Layout(width="640px", max_width="100%"))
         self.pick.add_class("wb-view-pick")
-        self.explain = W.HTML(layout=W.Layout(width="38%"))
-        self.walk_fig = FigureHolder()
-        self.walk_fig.layout.width = "62%"
+        # side by side where there is room, the text under the drawing where not (never clipped)
+        self.explain = W.HTML(layout=W.Layout(flex="1 1 320px", min_width="0"))
+        self.walk_fig = FigureHolder(max_height=520)
+        self.walk_fig.layout = W.Layout(flex="2 1 560px", min_width="0", max_width="100%")
         self.views_table = PagedTable(size=12)
         self.alias_table = PagedTable(size=8)
         self._syncing = False
@@ -38,7 +39,8 @@ class ViewAliasView(RecordingView):
         self.views_head = W.HTML("<b>Views at this step</b>")
         self.views_head.add_class("wb-views-head")
         self.alias_head = W.HTML("<b>In-place writes at this step</b>")
-        return [self.pick, W.HBox([self.walk_fig, self.explain]), self.views_head, self.views_table,
+        walk = W.HBox([self.walk_fig, self.explain], layout=W.Layout(flex_flow="row wrap", width="100%"))
+        return [self.pick, walk, self.views_head, self.views_table,
                 self.alias_head, self.alias_table]
 
     def _render(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from ..errors import WorkbenchError
+from ..errors import SessionBusyError, WorkbenchError
 from ..reports import Frames, summary
 from .base import as_frames
 from .controls import StepControl
@@ -21,15 +21,19 @@ from .model import PlanModel, StepCursor, find, token_strip
 from .model.tokens import SYNTHETIC_IDS, is_builtin_model, piece_of
 from .plan_view import PlanView
 from .segmentation_view import SegmentationView
-from .table import frame_html
+from .model.glance import summary_frame
+from .table import STYLE, frame_html
 from .view_alias_view import ViewAliasView
 
 __all__ = ["DecodeWorkbench"]
 
 TABS = ("Plan", "Segmentation", "Memo & capture", "Views & aliases", "Liveness", "Summary", "Diagnostics")
 
-_TOKEN_STYLE = {"prompt": "color:#777", "before": "", "current": "background:#ffd54f;font-weight:700",
-                "after": "color:#bbb"}
+# JupyterLab's theme variables (light and dark themes), with light fallbacks elsewhere
+_TOKEN_STYLE = {"prompt": "color:var(--jp-ui-font-color2,#777)", "before": "",
+                "current": "background:var(--jp-warn-color0,#ffd54f);color:var(--jp-ui-inverse-font-color0,#000);"
+                           "font-weight:700",
+                "after": "color:var(--jp-ui-font-color3,#bbb)"}
 
 
 class DecodeWorkbench(W.VBox):
@@ -70,13 +74,25 @@ class DecodeWorkbench(W.VBox):
         generator = _as_generator(source) if prompt is not None else None
         self.synthetic_ids = tokenizer is None and decode_text is None and is_builtin_model(
             generator.session if generator is not None else getattr(source, "session", source))
+        #: why this widget could not decode (another decode holds the session), else ""
+        self.busy = take_sessions(generator) if generator is not None else ""
+        if self.busy:
+            self.frames = None
+            self.message = W.HTML(f"<div class='wb-busy' style='padding:6px 10px;border-left:3px solid "
+                                  f"var(--jp-warn-color0,#ff7f0e)'>{html.escape(self.busy)}</div>")
+            super().__init__([W.HTML("<b>Decode workbench</b>"), self.message])
+            self.add_class("wb-workbench")
+            return
         if generator is not None:
             if getattr(generator.session, "recording", None) is None:
                 raise WorkbenchError("the generator's session records nothing (SessionOptions(trace=False)): "
                                      "create it with trace=True to watch it decode")
             self.frames = Frames(fresh_recording(generator.session))
+            record_prompt(self.frames.recording, self.prompt)
         else:
             self.frames = as_frames(source)
+            if self.prompt is None:  # a saved live decode keeps its prompt
+                self.prompt = prompt_of(self.frames.recording)
         self.cursor = StepCursor(self.frames, follow=generator is not None)
         self.controls = StepControl(self.cursor, lock=self.lock,
                                     token_text=(lambda t: piece_of(tokenizer, t)) if tokenizer is not None else None)
@@ -90,7 +106,8 @@ class DecodeWorkbench(W.VBox):
         kw = {"cursor": self.cursor, "controls": False, "lock": self.lock}
         self.views = [cls(self.frames, active=i == 0, **kw) for i, cls in enumerate(
             (PlanView, SegmentationView, MemoTimeline, ViewAliasView, LivenessView))]
-        self.summary = W.HTML()
+        self.summary = W.HTML(layout=W.Layout(width="100%"))
+        self.summary.add_class("wb-summary")
         self.diagnostics = DiagnosticsView(self.frames, compare=compare, active=False, **kw)
         self.search = W.Text(placeholder="find a node or value by name", continuous_update=False,
                              layout=W.Layout(width="300px"))
@@ -104,9 +121,18 @@ class DecodeWorkbench(W.VBox):
         self.tabs.observe(self._tab_changed, names="selected_index")
         self.tabs.selected_index = 0
         self._tab_changed()
-        title = W.HTML(f"<b>Decode workbench</b> · {len(self.frames.get('nodes'))} plan nodes")
-        super().__init__([title, self.tokens, self.controls, W.HBox([self.node_pick, self.progress]),
-                          W.HBox([self.search, self.search_hits, self.search_label]), self.tabs])
+        title = W.HTML(f"{STYLE}<b>Decode workbench</b> · {len(self.frames.get('nodes'))} plan nodes")
+        # "why is my decode slow": one click to the seams that cost the most
+        self.why_slow = W.Button(description="why slow?", icon="search",
+                                 tooltip="Diagnostics: which eager seams cost the most time per token, and why "
+                                         "each one is not captured", layout=W.Layout(width="auto"))
+        self.why_slow.add_class("wb-why-slow")
+        self.why_slow.on_click(lambda _b: self.show_diagnostic("seam costs"))
+        wrap = W.Layout(flex_flow="row wrap", width="100%")
+        super().__init__([title, self.tokens, self.controls,
+                          W.HBox([self.node_pick, self.progress, self.why_slow], layout=wrap),
+                          W.HBox([self.search, self.search_hits, self.search_label], layout=wrap), self.tabs],
+                         layout=W.Layout(width="100%", max_width="100%"))
         self.add_class("wb-workbench")
         self.node_pick.observe(self._node_picked, names="value")
         self.search.observe(lambda c: self.find(c["new"]), names="value")
@@ -114,6 +140,9 @@ class DecodeWorkbench(W.VBox):
         self.cursor.observe(self._cursor_changed, names=["step", "node", "version"])
         self._cursor_changed()
         if generator is not None:
+            # made now, empty: the browser loads plotly while the first step runs, and the first
+            # step's plan is drawn into a figure that is already there
+            self.views[0].figure.ensure()
             from .live import LiveDecode
 
             self.live = LiveDecode(generator, self.prompt, max_new_tokens, self._on_live_step, self.lock,
@@ -126,7 +155,8 @@ class DecodeWorkbench(W.VBox):
         with self.lock:
             self.progress.value = done
             if finished:
-                self.progress.bar_style = "success" if self.live.error is None else "danger"
+                self.progress.bar_style = ("danger" if self.live.error is not None else
+                                           "warning" if self.live.stopped else "success")
             elif time.monotonic() - self._last_refresh < self.refresh_interval:
                 return  # a fast decode: do not redraw every view for every token
             self.cursor.refresh()
@@ -139,8 +169,18 @@ class DecodeWorkbench(W.VBox):
         return self
 
     def wait(self, timeout: float | None = None):
-        """Block until a live decode ends (re-raising its error); returns its GenerationResult."""
+        """Block until a live decode ends (re-raising its error); returns its GenerationResult
+        (None when it was stopped, or never ran because the session was busy)."""
         return None if self.live is None else self.live.wait(timeout)
+
+    def stop(self, timeout: float | None = 30.0) -> bool:
+        """End a live decode after the step in progress (its Recording keeps every whole step)."""
+        return True if self.live is None else self.live.stop("stopped by DecodeWorkbench.stop()", timeout)
+
+    def show_diagnostic(self, call: str) -> None:
+        """Open the Diagnostics tab on `call` ("seam costs", "coverage", ...)."""
+        self.diagnostics.show(call)
+        self.tabs.selected_index = len(self.views) + 1
 
     # -- selection
     def _tab_changed(self, _change=None) -> None:
@@ -203,14 +243,16 @@ class DecodeWorkbench(W.VBox):
             if self.node_pick.value != self.cursor.node:
                 self.node_pick.value = self.cursor.node
             strip = token_strip(self.frames, self.cursor.step, self.prompt, self.decode_text, self.tokenizer)
-            self.tokens.value = tokens_html(strip, self.synthetic_ids,
-                                            None if self.live is None else self.live.error)
+            live = self.live
+            stopped = (f"stopped after {len(live.tokens)} tokens: {live.stop_reason}"
+                       if live is not None and live.stopped else "")
+            self.tokens.value = tokens_html(strip, self.synthetic_ids, None if live is None else live.error,
+                                            stopped)
             if self.tabs.selected_index == len(self.views):
                 self._render_summary()
 
     def _render_summary(self) -> None:
-        s = summary(self.frames)[["section", "metric", "text"]]
-        self.summary.value = frame_html(s)
+        self.summary.value = frame_html(summary_frame(self.frames, summary(self.frames)))
 
     # -- shortcuts
     @property
@@ -227,7 +269,8 @@ class DecodeWorkbench(W.VBox):
             self.cursor.select_node(plan_index)
 
 
-def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | None = None) -> str:
+def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | None = None,
+                stopped: str = "") -> str:
     """The tokens panel: each token as text when known (its id on hover), else its id."""
     e = html.escape
     spans = []
@@ -236,18 +279,67 @@ def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | Non
             spans.append(f"<span class='wb-tok' style='{_TOKEN_STYLE[kind]}'>{tok}</span>")
         else:
             shown = e(piece).replace(" ", "&nbsp;").replace("\n", "↵") or "∅"
-            spans.append(f"<span class='wb-tok' title='id {tok}' style='{_TOKEN_STYLE[kind]};border:1px solid #ddd;"
+            spans.append(f"<span class='wb-tok' title='id {tok}' style='{_TOKEN_STYLE[kind]};"
+                         "border:1px solid var(--jp-border-color2,#ddd);"
                          f"border-radius:3px;padding:0 2px;margin-right:1px'>{shown}</span>")
     has_text = any(p is not None for p in strip["pieces"])
     head = "tokens" if has_text else "token ids"
-    note = (f"<div class='wb-token-note' style='color:#777;font-size:11px'>{e(SYNTHETIC_IDS)}</div>"
+    note = (f"<div class='wb-token-note' style='color:var(--jp-ui-font-color2,#777);font-size:11px'>"
+            f"{e(SYNTHETIC_IDS)}</div>"
             if synthetic and not has_text else "")
     text = f"<div><i>{e(strip['text'])}</i></div>" if strip["text"] is not None else ""
     if error is not None:
-        text += f"<div style='color:#d62728'>decode failed: {e(str(error))}</div>"
+        text += f"<div style='color:var(--jp-error-color1,#d62728)'>decode failed: {e(str(error))}</div>"
+    if stopped:
+        text += f"<div class='wb-stopped' style='color:var(--jp-warn-color1,#e65100)'>{e(stopped)}</div>"
     sep = "" if has_text else " "
-    return (f"<div style='font-family:var(--jp-code-font-family,monospace)'>{head}: "
+    return (f"<div style='font-family:var(--jp-code-font-family,monospace);overflow-wrap:anywhere'>{head}: "
             f"{sep.join(spans) or '—'}</div>{note}{text}")
+
+
+def take_sessions(generator: Any, timeout: float = 30.0) -> str:
+    """Make `generator`'s sessions free for a new live decode: a live decode a widget
+    still runs on one of them is stopped first (after its step in progress). Returns ""
+    when the sessions are free, else why not (another decode holds one)."""
+    from .live import live_decode_on
+
+    sessions = [s for s in (getattr(generator, "session", None), getattr(generator, "prefill_session", None))
+                if s is not None]
+    for s in sessions:
+        previous = live_decode_on(s)
+        if previous is not None and not previous.stop("a new DecodeWorkbench on this session took over", timeout):
+            return (f"This session is busy: the decode of an earlier DecodeWorkbench did not stop within {timeout:g} s. "
+                    "Wait for it (wb.wait()), or give this decode a session of its own.")
+    for s in sessions:
+        if not hasattr(s, "decoding"):
+            continue
+        try:
+            with s.decoding("a DecodeWorkbench checking that the session is free"):
+                pass
+        except SessionBusyError as error:
+            return f"This session is busy, so nothing was decoded: {error}"
+    return ""
+
+
+#: the generic table a live decode's prompt is kept in (saved and loaded with the Recording)
+PROMPT_TABLE = "prompt"
+
+
+def record_prompt(recording: Any, prompt: Sequence[int] | None) -> None:
+    """Keep the prompt in the Recording (step -1: before any step), so a saved live decode
+    shows its prompt when it is loaded again."""
+    if recording is None or not prompt or not hasattr(recording, "add_row"):
+        return
+    for position, token in enumerate(prompt):
+        recording.add_row(PROMPT_TABLE, step=-1, token=int(token), position=position)
+
+
+def prompt_of(recording: Any) -> list[int] | None:
+    """The prompt `record_prompt` kept in `recording` (None when it holds none)."""
+    if recording is None or PROMPT_TABLE not in getattr(recording, "tables", []):
+        return None
+    t = recording.table(PROMPT_TABLE)
+    return [int(x) for x in t.sort_values("position")["token"]] if len(t) else None
 
 
 def fresh_recording(session: Any):

@@ -66,8 +66,9 @@ class DiagnosticsModel:
             if rb.empty:
                 return rb, "nothing recorded"
             total = rb.set_index("category").loc["total"]
-            return rb, (f"step {step}: {fmt_bytes(int(total['bytes']))} resident, "
-                        f"{float(total['x_weights']):.2f}x the weights")
+            return rb, (f"step {step}: {fmt_bytes(int(total['bytes']))} resident in all (weights, KV cache, "
+                        f"activations, inputs: the session's whole footprint), {float(total['x_weights']):.2f}x "
+                        "the weights; Liveness's 'resident peak' is the executor's own buffers only")
         if call == "alias hazards":
             hz = alias_hazards(f)
             return hz, "no alias hazard: every write went into a buffer no live value uses" if hz.empty else \

@@ -30,6 +30,14 @@ class MemoModel:
             out.append("capture events")
         return out
 
+    def totals(self) -> dict[str, int]:
+        """Stage 2's counts summed over every step (what the Summary prints)."""
+        memo = self.frames.optional("memo_timeline")
+        if memo is None:
+            return {}
+        return {name.replace("_", " "): int(memo[name].fillna(0).sum())
+                for name in ("views_reused", "dispatch_elided") if name in memo}
+
     def at(self, step: int) -> dict[str, Any]:
         """What every lane did at `step` ({lane: "state (xN): detail"}), plus the step header."""
         info = step_info(self.frames, step)

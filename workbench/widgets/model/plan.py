@@ -6,9 +6,10 @@ from typing import Any
 
 import pandas as pd
 
-from ...reports import Frames, plan_at_step, shapes_at_step
+from ...reports import Frames, declines_at, plan_at_step, shapes_at_step
 from ...reports.plan import unknown_dims_at_step
 from ...reports.units import fmt_us
+from .glance import WARM_UP, warm_up_steps, with_glance_groups
 from .paging import Page, page_of
 
 __all__ = ["TABLE_COLUMNS", "PlanModel"]
@@ -25,8 +26,19 @@ class PlanModel:
         self.frames = frames
 
     def plan(self, step: int, slot: str | None = None) -> pd.DataFrame:
-        """Every node at `step` (see `reports.plan_at_step`)."""
-        return plan_at_step(self.frames, step, slot)
+        """Every node at `step` (see `reports.plan_at_step`), grouped as the other tabs
+        name things (`glance.with_glance_groups`: "warm-up", a captured node's segment state)."""
+        def build() -> pd.DataFrame:
+            p = plan_at_step(self.frames, step, slot)
+            s = slot if slot is not None else self._slot_of(step)
+            return with_glance_groups(p, step in warm_up_steps(self.frames, s))
+
+        return self.frames.memo(("glance_plan", step, slot), build)
+
+    def _slot_of(self, step: int) -> str:
+        steps = self.frames.get("steps")
+        hit = steps.loc[steps["step"] == step, "slot"]
+        return str(hit.iloc[0]) if len(hit) else "primary"
 
     def table(self, step: int, slot: str | None = None, query: str = "", page: int = 0,
               size: int = 25) -> Page:
@@ -54,6 +66,16 @@ class PlanModel:
             u = unknown.get(n)
             return shapes.get(n, "?") + (f" (? = {', '.join(u)}: dynamic)" if u else "")
         seg = None if pd.isna(r["segment"]) else f"segment {int(r['segment'])} ({r['segment_kind']}, {r['segment_state']})"
+        # why it ran eager at this step: the decline in force (a seam), or the warm-up
+        decline = None
+        if r["group"] == WARM_UP:
+            decline = ("warm-up", "an eager warm-up step before capture: every node runs eagerly and its "
+                                  "just-in-time shapes seed the graphs recorded at a later step")
+        elif r["group"] == "eager seam":
+            d = declines_at(self.frames, step, slot if slot is not None else self._slot_of(step))
+            hit_d = d[d["plan_index"] == plan_index] if d is not None else None
+            if hit_d is not None and len(hit_d):
+                decline = (str(hit_d["reason"].iloc[0]), str(hit_d["detail"].iloc[0]))
         return {
             "plan_index": int(r["plan_index"]), "name": r["name"], "op_type": r["op_type"], "domain": r["domain"],
             "kernel": r["kernel"],
@@ -68,6 +90,7 @@ class PlanModel:
             "capture_reason": None if pd.isna(r["capture_reason"]) else r["capture_reason"],
             "capture_detail": r["capture_detail"] or "",
             "produces_view": bool(r["produces_view"]),
+            "decline": decline,
         }
 
     def options(self) -> list[tuple[str, int]]:

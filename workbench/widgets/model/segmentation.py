@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from ...reports import Frames, by_reason, declines_at, segments_at, static_verdicts, steps_of_slot
+from .glance import warm_up_steps, with_warm_up_states
 from .paging import Page, page_of
 
 __all__ = ["SegmentationModel"]
@@ -34,7 +35,8 @@ class SegmentationModel:
                 seg = segments_at(self.frames, s, slot)
                 if seg is not None and not seg.empty:
                     parts.append(seg.assign(step=s))
-            return pd.concat(parts, ignore_index=True) if parts else segments_at(self.frames, -1, slot)
+            out = pd.concat(parts, ignore_index=True) if parts else segments_at(self.frames, -1, slot)
+            return with_warm_up_states(out, warm_up_steps(self.frames, slot))
 
         return self.frames.memo(("segments_per_step", slot), build)
 

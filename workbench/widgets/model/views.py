@@ -23,7 +23,21 @@ class ViewsModel:
         return in_place_at(self.frames, step)
 
     def default_value(self, step: int) -> str | None:
-        return most_instructive_view(self.frames, step)
+        """The view the tab opens on: a Transpose that really reorders its source (what the
+        text beside the drawing explains best), else the most instructive view."""
+        v = self.views(step)
+        best, best_key = None, None
+        for r in v[v["op"] == "Transpose"].itertuples(index=False):
+            shape, strides = tuple(r.shape), tuple(r.strides)
+            moved = [s for n, s in zip(shape, strides) if n > 1]
+            reorders = moved != sorted(moved, reverse=True)
+            n = 1
+            for d in shape:
+                n *= int(d)
+            key = (reorders, n <= 4096, -abs(n - 64))  # a small, legible reordering first
+            if best_key is None or key > best_key:
+                best, best_key = str(r.value), key
+        return best if best is not None else most_instructive_view(self.frames, step)
 
     def value_for_node(self, step: int, plan_index: int) -> str | None:
         """The view that node `plan_index` produced at `step`, if it produced one."""
