@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -96,3 +97,15 @@ def test_notebook_03_draws_the_2x3_transpose_with_the_widgets_figure():
     cell = next(c for c in nb.cells if c.cell_type == "code" and "reports.walk_of(" in c.source)
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
     assert "reads source elements in order: [0, 3, 1, 4, 2, 5]" in cell_output(nb, "reports.walk_of(")
+
+
+def test_notebook_05_says_what_int4_weighs_in_the_file_and_resident():
+    """Its text said the int4 model holds a third of the weight bytes while the cell above
+    showed equal resident bytes (the blocks are dequantized at load): both are now computed."""
+    nb = executed("05")
+    out = cell_output(nb, "file_weight_bytes(")
+    file_ratio = float(re.search(r"int4 [\d,]+ B \(([\d.]+)x\)", out).group(1))
+    resident_ratio = float(re.search(r"resident while decoding: .* \(([\d.]+)x\)", out).group(1))
+    assert 0.25 < file_ratio < 0.45 and resident_ratio == 1.0
+    text = next(c.source for c in nb.cells if c.cell_type == "markdown" and "MatMulNBits" in c.source)
+    assert "third" in text and "dequantizes" in text and "same size" in text

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import copy
 import math
 import re
+from collections.abc import Callable
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -72,7 +71,8 @@ def glance(fig: go.Figure, max_height: int | None = None) -> go.Figure:
             trace.marker.color = WIDGET_COLORS[name]
         if name in _LEGEND:
             trace.name = _LEGEND[name]
-            counts = [_count(h) for h in (trace.hovertext or [])]
+            hover = trace.hovertext
+            counts = [_count(h) for h in (list(hover) if hover is not None and not isinstance(hover, str) else [])]
             if any(c > 1 for c in counts):  # "×8" beside a marker that stands for 8 events
                 trace.mode = "markers+text"
                 trace.text = [f"×{c}" if c > 1 else "" for c in counts]

@@ -18,10 +18,10 @@ from .diagnostics_view import DiagnosticsView
 from .liveness_view import LivenessView
 from .memo_timeline import MemoTimeline
 from .model import PlanModel, StepCursor, find, token_strip
+from .model.glance import summary_frame
 from .model.tokens import SYNTHETIC_IDS, is_builtin_model, piece_of
 from .plan_view import PlanView
 from .segmentation_view import SegmentationView
-from .model.glance import summary_frame
 from .table import STYLE, frame_html
 from .view_alias_view import ViewAliasView
 
