@@ -57,16 +57,16 @@ def _get(url: str, timeout: float = 5.0) -> bytes:
 class JupyterLab:
     """One `jupyter lab` process on 127.0.0.1 with a token and private folders."""
 
-    def __init__(self, root: Path, home: Path):
+    def __init__(self, root: Path, home: Path, exist_ok: bool = False):
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.root = root
         dirs = {name: home / name for name in ("config", "runtime", "data", "settings", "workspaces")}
         for d in dirs.values():
-            d.mkdir(parents=True)
+            d.mkdir(parents=True, exist_ok=exist_ok)
         # no news / update pop-ups
         notification = dirs["settings"] / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-        notification.parent.mkdir(parents=True)
+        notification.parent.mkdir(parents=True, exist_ok=exist_ok)
         notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
         # render every cell (not only those scrolled into view), so every plot is drawn
         tracker = dirs["settings"] / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
@@ -267,6 +267,104 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
             browser.close()
     print(f"browser run {time.monotonic() - t0:.1f} s; screenshots in {tmp_path}")
     keep = os.environ.get("WORKBENCH_BROWSER_ARTIFACTS")  # e.g. a CI artifacts folder
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for png in tmp_path.glob("*.png"):
+            shutil.copy(png, Path(keep) / png.name)
+    assert not console, "errors in the browser console:\n" + "\n".join(console)
+
+
+def _luminance(rgb: str) -> float:
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", rgb)[:3])
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _contrast(fg: str, bg: str) -> float:
+    a, b = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (a + 0.05) / (b + 0.05)
+
+
+@pytest.fixture
+def dark_lab(tmp_path):
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    settings = tmp_path / "jupyter" / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": "JupyterLab Dark"}))
+    server = JupyterLab(root, tmp_path / "jupyter", exist_ok=True)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_laptop_screen_dark_theme_and_a_rerun_live_cell(dark_lab, tmp_path):
+    """1366x768, JupyterLab Dark: the live cell re-run while its decode streams shows one
+    decode (never 'step 38 (39/39)'), the widget's tables never scroll sideways, headers
+    and the selected row are readable, no traceback or warning, and 'why slow?' is one click."""
+    from playwright.sync_api import expect, sync_playwright
+
+    console: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1366, "height": 768})
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(dark_lab.url(f"/lab/tree/{NOTEBOOK.name}"))
+            expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(
+                timeout=90_000)
+            assert page.evaluate("document.body.dataset.jpThemeLight") == "false"
+            notebook = page.locator(".jp-NotebookPanel:visible")
+            cells = notebook.locator(".jp-CodeCell")
+            cells.nth(0).click()
+            page.keyboard.press("Shift+Enter")  # imports, session
+            expect(cells.nth(0).locator(".jp-InputArea-prompt")).to_have_text(re.compile(r"\[\d+\]"),
+                                                                                timeout=90_000)
+            page.wait_for_timeout(1500)
+            live_cell = cells.nth(1)
+            live_cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")  # the live decode
+            page.wait_for_timeout(1500)
+            live_cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")  # re-run while the first decode streams
+            wb = live_cell.locator(".wb-workbench").first
+            label = wb.locator(".wb-step-label")
+            expect(label).to_contain_text(FINAL, timeout=150_000)
+            assert "(39/" not in label.inner_text() and "(21/" not in label.inner_text()
+            outputs = live_cell.locator(".jp-OutputArea-output")
+            text = " ".join(outputs.all_inner_texts())
+            assert "Traceback" not in text and "Warning" not in text, text
+
+            # why is my export slow: one click from the header
+            wb.locator(".wb-why-slow").click()
+            expect(wb.locator(".wb-diagnostic-headline")).to_contain_text("costliest", timeout=20_000)
+            page.wait_for_timeout(800)
+            wb.screenshot(path=str(tmp_path / "dark_1366_diagnostics.png"))
+            for tab in ("Plan", "Summary", "Diagnostics"):
+                wb.locator(".lm-TabBar-tab").get_by_text(tab, exact=True).click()
+                page.wait_for_timeout(800)
+                over = page.evaluate("""(root) => [...root.querySelectorAll('.wb-table-box, .wb-view, .wb-summary')]
+                    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+                    .map(e => e.className + ' ' + e.scrollWidth + '>' + e.clientWidth)""", wb.element_handle())
+                assert not over, f"{tab}: horizontal scroll in {over}"
+                assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+            wb.locator(".lm-TabBar-tab").get_by_text("Plan", exact=True).click()
+            wb.locator(".wb-node-pick select").select_option(index=3)
+            page.wait_for_timeout(1500)
+            th = wb.locator(".wb-tbl th:visible").first
+            th_fg, th_bg = th.evaluate("e => [getComputedStyle(e).color, getComputedStyle(e).backgroundColor]")
+            assert _contrast(th_fg, th_bg) >= 4.5, (th_fg, th_bg)
+            sel = wb.locator(".wb-tbl tr.wb-sel td:visible").first
+            s_fg, s_bg = sel.evaluate("e => [getComputedStyle(e).color, getComputedStyle(e).backgroundColor]")
+            assert _contrast(s_fg, s_bg) >= 4.5, (s_fg, s_bg)
+            wb.screenshot(path=str(tmp_path / "dark_1366_plan.png"))
+        finally:
+            browser.close()
+    keep = os.environ.get("WORKBENCH_BROWSER_ARTIFACTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         for png in tmp_path.glob("*.png"):
