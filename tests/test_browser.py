@@ -153,7 +153,9 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
 
             # the live workbench is on screen while it decodes, and fills in step by step
             live_label = notebook.locator(".wb-workbench .wb-step-label").first
+            live_plot = notebook.locator(".wb-workbench .js-plotly-plot .main-svg").first
             seen: list[str] = []
+            plotted_at = None  # how many step labels had been seen when the first plot was drawn
             deadline = time.monotonic() + 150
             while not (seen and FINAL in seen[-1]):
                 assert time.monotonic() < deadline, f"the live decode never reached its last step: {seen}"
@@ -161,9 +163,18 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
                     text = live_label.inner_text(timeout=5_000)
                     if not seen or seen[-1] != text:
                         seen.append(text)
+                    if plotted_at is None and live_plot.count():
+                        plotted_at = len(seen)
                 page.wait_for_timeout(100)
             early = [t for t in seen if FINAL not in t]
             assert early, f"the workbench appeared only once its decode had ended: {seen}"
+            # live visibility, in steps not seconds (these machines are noisy): the plot is on
+            # screen with the first or second step label the page shows, and later steps
+            # arrive with it there
+            assert plotted_at is not None and FINAL not in seen[plotted_at - 1], \
+                f"the first plot came only with the last step: {seen}, plotted after {plotted_at}"
+            assert plotted_at <= 2 and len(seen) - plotted_at >= 2, \
+                f"the plot was not on screen with the first steps shown: {seen}, plotted after {plotted_at}"
             steps_seen = {m.group(1) for t in seen for m in [re.search(r"step (\d+) \(", t)] if m}
             assert len(steps_seen) >= 3, f"the steps did not fill in as they arrived: {seen}"
 
