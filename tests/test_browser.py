@@ -131,6 +131,20 @@ def lab(tmp_path):
         server.stop()
 
 
+def _open_notebook(browser, lab, viewport: dict, console: list[str]):
+    """A page at `viewport` on the tour notebook, its console errors and page errors
+    collected into `console`, once its kernel is idle."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport=viewport)
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.goto(lab.url(f"/lab/tree/{NOTEBOOK.name}"))
+    # the toolbar reads idle before the kernel is ready: wait for the status bar
+    expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(timeout=90_000)
+    return page
+
+
 def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -139,14 +153,7 @@ def test_tour_notebook_renders_and_steps_in_a_real_browser(lab, tmp_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1800})
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-            page.goto(lab.url(f"/lab/tree/{NOTEBOOK.name}"))
-
-            # the toolbar reads idle before the kernel is ready: wait for the status bar
-            expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(
-                timeout=90_000)
+            page = _open_notebook(browser, lab, {"width": 1500, "height": 1800}, console)
             page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
             page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
             notebook = page.locator(".jp-NotebookPanel:visible")
@@ -322,12 +329,7 @@ def test_laptop_screen_dark_theme_and_a_rerun_live_cell(dark_lab, tmp_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1366, "height": 768})
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-            page.goto(dark_lab.url(f"/lab/tree/{NOTEBOOK.name}"))
-            expect(page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle"))).to_be_visible(
-                timeout=90_000)
+            page = _open_notebook(browser, dark_lab, {"width": 1366, "height": 768}, console)
             assert page.evaluate("document.body.dataset.jpThemeLight") == "false"
             notebook = page.locator(".jp-NotebookPanel:visible")
             cells = notebook.locator(".jp-CodeCell")
