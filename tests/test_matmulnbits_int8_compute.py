@@ -7,6 +7,12 @@
   (`nbits_int8.build_count`; the dequantizer is not called while running).
 - A GatherBlockQuantized embedding reading the lm_head's packed weight, then the lm_head.
 - The tiny genai int4 Llama at accuracy_level 4 decodes 64 tokens token-exact.
+- 4-bit weights in blocks of 32 (onnxruntime-genai's int4 CPU exports) at SmolLM2-135M's
+  shapes (K 576 and 1536; N 576, 960, 1536, 49152; with and without zero points; the
+  decode's M=1 and a 16-token prefill), plus a partial last block and N % 4 != 0: bit
+  for bit onnxruntime's result (0 ulps) over six runs refilling A in place, where
+  onnxruntime takes MLAS's AVX512 kernels (this is the arithmetic `nbits_int8`
+  reproduces); elsewhere within REL_TOL.
 """
 
 from __future__ import annotations
@@ -53,6 +59,25 @@ def _ort(model):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _ulps(got, want):
+    """Largest distance in float32 ulps (+0 and -0 the same)."""
+    def ordered(x):
+        i = x.astype(np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return int(np.abs(ordered(got) - ordered(want)).max(initial=0))
+
+
+def _mlas_avx512() -> bool:
+    """Whether onnxruntime's MLAS takes its AVX512 int8 kernels on this CPU (it needs
+    AVX512 F, BW, DQ and VL)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
 
 
 def _rel(got, want):
@@ -146,3 +171,71 @@ def test_tiny_llama_level4_decodes_64_tokens_token_exact():
                 for g, w in zip(got.logits, want.logits, strict=True))
     assert worst <= 1e-4, worst
     assert nbits_int8.build_count - before == built  # 64 steps, no weight laid out again
+
+
+# SmolLM2-135M's MatMulNBits (onnxruntime-genai int4 CPU export: bits 4, block 32,
+# accuracy_level 4, no zero points): qkv, o_proj, gate/up, down, lm_head; then zero
+# points, a partial last block with N % 4 != 0, fewer than 4 blocks, a 16-token prefill
+SMOLLM2_SHAPES = [  # K, N, zero points, M
+    (576, 960, False, 1), (576, 576, False, 1), (576, 1536, False, 1), (1536, 576, False, 1),
+    (576, 49152, False, 1), (576, 1536, True, 1), (1536, 576, True, 3), (300, 43, True, 2),
+    (71, 10, False, 1), (576, 960, False, 16),
+]
+
+
+def _int4_block32_weights(r, K, N, with_zp):
+    """Random 4-bit weights in blocks of 32, drawn as packed bytes (random bytes are
+    random nibble pairs; packing 28M values one by one takes seconds)."""
+    k_blocks = -(-K // 32)
+    inits = {"B": r.integers(0, 256, (N, k_blocks, 16), dtype=np.uint8),
+             "scales": (r.random((N, k_blocks)) * 0.05 + 0.005).astype(np.float32)}
+    if with_zp:
+        inits["zero_points"] = r.integers(0, 256, N * -(-k_blocks // 2), dtype=np.uint8)
+    return inits
+
+
+@pytest.mark.parametrize(("K", "N", "with_zp", "M"), SMOLLM2_SHAPES)
+def test_int4_block32_is_onnxruntimes_result_bit_for_bit(K, N, with_zp, M):
+    """MLAS's blklen-32 arithmetic (unsigned weight integers; 16 fma lanes over groups of
+    4 blocks, lanes L and L + 8 added, 8 lanes for the last k_blocks % 4 blocks, its two
+    lane-folding orders; the zero points by a float32 fma chain over blocks): six runs,
+    A refilled in place at one address, each 0 ulps from onnxruntime (2 threads, so the
+    columns are split between threads as in a decode)."""
+    r = _rng("smollm2", K, N, with_zp, M)
+    model = _nbits_model(K, N, 4, 32, 4, _int4_block32_weights(r, K, N, with_zp))
+    ours = workbench.InferenceSession(model)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    peer = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    exact = _mlas_avx512()
+    a = np.empty((M, K), np.float32)
+    for run in range(6):
+        # SmolLM2-like activations: most near zero, a few large, an all-zero block
+        a[...] = r.standard_normal((M, K)) * (10.0 ** (run % 3 - 1))
+        a[:, r.integers(0, K, 4)] *= 40.0
+        a[run % M, 32:64] = 0.0
+        want = peer.run(None, {"A": a.copy()})[0]
+        got = ours.run(None, {"A": a})[0]
+        assert got.dtype == np.float32 and got.shape == want.shape
+        if exact:
+            assert _ulps(got, want) == 0, (run, _ulps(got, want), _rel(got, want))
+        else:  # MLAS's AVX2 / NEON kernels order the float sums differently
+            assert _rel(got, want) <= REL_TOL, (run, _rel(got, want))
+
+
+def test_int4_block32_one_flipped_activation_is_visible():
+    """The check bites: rounding one of A's int8 values the other way (what a 1-ulp
+    difference in A can do at a rounding tie) moves the result far past the ulp bound."""
+    r = _rng("flip")
+    K, N = 576, 64
+    inits = _weights(r, K, N, 4, 32, False)
+    w = nbits_int8.prepare(np, inits["B"], inits["scales"], None, N=N, K=K, bits=4, block_size=32, a_block=32)
+    a = r.standard_normal((1, K)).astype(np.float32)
+    block = a[0, :32]
+    scale = np.abs(block).max() / np.float32(127)
+    i = int(np.argsort(np.abs(block))[5])
+    b = a.copy()
+    b[0, i] = (np.rint(block[i] / scale) + 0.5) * scale  # onto the next rounding boundary
+    b[0, i] = np.nextafter(b[0, i], np.float32(np.inf) * np.sign(b[0, i]))
+    ya, yb = nbits_int8.matmul(np, a, w), nbits_int8.matmul(np, b, w)
+    assert _ulps(ya, yb) > 1000
