@@ -472,3 +472,137 @@ def test_outputs_shape_inference_left_untyped_are_captured_once_seen_as_tensors(
     assert not (declines.reason == "sequence_value").any(), declines.detail.tolist()
     late = reports.capture_coverage(runs.session.recording)
     assert (late[late.step >= 4].replayed_nodes == 6).all()
+
+
+def _unresolved_hidden(x: str, out: str) -> tuple[list, list]:
+    """x reshaped by a target counted from its values: every shape after it is sized
+    just in time (torch.onnx legacy's and optimum's `unk__N`), as `unresolved_layers`."""
+    nodes = [helper.make_node("Mul", [x, "zero_f"], ["zeros"]),
+             helper.make_node("Add", ["zeros", "one_f"], ["ones"]),
+             helper.make_node("ReduceSum", ["ones", "last"], ["count_f"], keepdims=0),
+             helper.make_node("ReduceMax", ["count_f"], ["width_f"], keepdims=0),
+             helper.make_node("Cast", ["width_f"], ["width"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["width", "zero"], ["width1"]),
+             helper.make_node("Concat", ["lead", "width1"], ["target"], axis=0),
+             helper.make_node("Reshape", [x, "target"], [out])]
+    inits = [_const("zero", np.array([0], np.int64)), _const("lead", np.array([1, -1], np.int64)),
+             _const("last", np.array([-1], np.int64)), _const("zero_f", np.float32(0)),
+             _const("one_f", np.float32(1))]
+    return nodes, inits
+
+
+def legacy_heads() -> onnx.ModelProto:
+    """torch.onnx legacy attention's shape arithmetic: the hidden state's own Shape ->
+    Gather -> Unsqueeze -> Concat gives the targets of the Reshapes that split it into
+    heads and merge them back, a Range of its length gives positions and a
+    ConstantOfShape of its shape a zero bias: every one reads values on the host, and
+    each value is a function of shapes alone."""
+    head, heads = WIDTH // 2, 2
+    prologue, inits = _unresolved_hidden("x", "h0")
+    nodes = prologue + [
+        helper.make_node("Shape", ["h0"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "zero"], ["b1"]),
+        helper.make_node("Unsqueeze", ["t", "zero"], ["t1"]),
+        helper.make_node("Concat", ["b1", "t1", "heads", "head"], ["split"], axis=0),
+        helper.make_node("Reshape", ["h0", "split"], ["h4"]),
+        helper.make_node("Transpose", ["h4"], ["ht"], perm=[0, 2, 1, 3]),
+        helper.make_node("Mul", ["ht", "ht"], ["hh"]),
+        helper.make_node("Transpose", ["hh"], ["hb"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["b1", "t1", "width_c"], ["merge"], axis=0),
+        helper.make_node("Reshape", ["hb", "merge"], ["h5"]),
+        helper.make_node("Range", ["i0", "t", "i1"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["pos_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["pos_f", "zero"], ["pos_row"]),
+        helper.make_node("Unsqueeze", ["pos_row", "last"], ["pos3"]),
+        helper.make_node("ConstantOfShape", ["merge"], ["bias0"],
+                         value=numpy_helper.from_array(np.full(1, 0.25, np.float32))),
+        helper.make_node("Add", ["h5", "pos3"], ["h6"]),
+        helper.make_node("Add", ["h6", "bias0"], ["h7"])]
+    mlp, weights = _mlp_nodes("h7", "y")
+    inits += [_const("i0", np.int64(0)), _const("i1", np.int64(1)), _const("heads", np.array([heads], np.int64)),
+              _const("head", np.array([head], np.int64)), _const("width_c", np.array([WIDTH], np.int64)),
+              *weights]
+    return _model(nodes + mlp, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", "width_in"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=18)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shape_arithmetic_computed_inside_the_segments_is_baked_and_its_readers_captured(backend):
+    """torch.onnx legacy's and optimum's Reshape / Slice / Expand / Range readers of
+    Shape -> Gather -> Concat arithmetic were seams ('host_read'), since their shapes
+    are `unk__N` dims no static resolution folds: 20-25% of SmolLM2's step in those
+    exports stayed eager. Where every node computing such a value is captured, the
+    value follows from the input shapes each replay checks, so the recording takes it
+    as a constant ('bake' event) and the readers are captured; values stay
+    onnxruntime's, and another input shape retires the graph."""
+    runs = _Runs(legacy_heads(), backend)
+    rng = np.random.default_rng(21)
+    x = np.zeros((1, 1, WIDTH), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)  # the same array, new contents
+        runs.step({"x": x}, f"run {run}")
+    _assert_holds(runs)
+    declines = runs.session.recording.capture_declines()
+    baked_readers = declines[declines.reason.isin(["host_read", "data_dependent_shape"])]
+    # only the prologue's Reshape (its target counted from values) still reads on the host
+    assert len(set(baked_readers.plan_index)) == 1, baked_readers[["node", "op_type", "reason"]].to_string()
+    bakes = runs.events()
+    bakes = bakes[bakes.event == "bake"]
+    assert bakes.reason.str.contains("shape arithmetic computed inside the captured segments").sum() >= 4, \
+        bakes.reason.tolist()
+    wide = np.zeros((1, 3, WIDTH), np.float32)
+    for run in range(RUNS):
+        wide[...] = rng.standard_normal(wide.shape)
+        assert runs.step({"x": wide}, f"wide run {run}")["y"].shape == (1, 3, WIDTH)
+    ev = runs.events(after=RUNS)
+    assert (ev.event == "retire").any(), "the first wide run must retire the narrow graph"
+    assert runs.capture.replays >= 2 * RUNS - 8
+
+
+def sliced_by_a_fed_length() -> onnx.ModelProto:
+    """A Slice to a fed length (a seam: it reads the length on the host) whose result's
+    Shape arithmetic reshapes it inside the segment after it: the segment's input shape
+    moves with a value, no symbol."""
+    nodes = [helper.make_node("Slice", ["x", "zero", "length", "one"], ["hs"]),
+             helper.make_node("Shape", ["hs"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n1"], axis=0),
+             helper.make_node("Concat", ["n1", "one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["hs", "target"], ["column"]),
+             helper.make_node("MatMul", ["column", "w0"], ["rows"]),
+             helper.make_node("ReduceMean", ["rows", "zero"], ["mean"], keepdims=1)]
+    mlp, weights = _mlp_nodes("mean", "y")
+    rng = np.random.default_rng(22)
+    inits = [_const("zero", np.array([0], np.int64)), _const("one", np.array([1], np.int64)),
+             _const("w0", rng.standard_normal((1, WIDTH)).astype(np.float32)), *weights]
+    return _model(nodes + mlp, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16]),
+                                helper.make_tensor_value_info("length", TensorProto.INT64, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])], inits, opset=18)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_baked_shape_arithmetic_is_never_stale(backend):
+    """A recording on CUDA computes nothing: it bakes the warm-up step's host copies of
+    shape arithmetic. When a segment's input has another shape at the capture step than
+    at the warm-up (here a length fed as a value, no symbol), those copies would be
+    stale: the step runs eagerly with 'stale_bake' naming the value and both shapes, and
+    the next capture treats the moving shape as a seam. On the CPU the recording runs
+    the arithmetic itself. Every value is onnxruntime's."""
+    runs = _Runs(sliced_by_a_fed_length(), backend)
+    rng = np.random.default_rng(23)
+    x = np.zeros((1, 16), np.float32)
+    length = np.zeros(1, np.int64)
+    for run, n in enumerate([3, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7]):
+        x[...] = rng.standard_normal(x.shape)
+        length[...] = n
+        runs.step({"x": x, "length": length}, f"run {run} (length {n})")
+    events = runs.events()
+    stale = events[events.reason.str.startswith("stale_bake")]
+    if backend == "cuda":
+        assert not stale.empty, events[["step", "event", "reason"]].to_string()
+        assert stale.reason.str.contains(r"'hs' has shape \(1, 5\), the warm-up step's was \(1, 3\)").any(), \
+            stale.reason.tolist()
+    else:
+        assert stale.empty
+    assert runs.capture.replays >= 3

@@ -9,7 +9,8 @@ DECLINE_REASONS = {
     "capture_disabled": "capture is turned off for this session or backend",
     "host_fallback_kernel": "the node runs on the onnx.reference host fallback",
     "host_read": "the kernel reads an input's values on the host (unless they are validated "
-                 "shape-fold values, which a recording bakes in: see the capture event 'bake')",
+                 "shape-fold values, or shape arithmetic computed inside the captured segments, "
+                 "which a recording bakes in: see the capture event 'bake')",
     "data_dependent_shape": "the output shape depends on input values",
     "control_flow": "If/Loop/Scan: the subgraph to run is chosen on the host",
     "sequence_value": "a sequence, optional or map value has no fixed device buffer",
@@ -32,6 +33,8 @@ RETIRE_REASONS = {
     "control_flow_shape_flip": "a control-flow output changed shape (e.g. LongRoPE short<->long)",
     "buffers_reallocated": "the executor re-planned its buffers (shapes changed)",
     "capture_failed": "a kernel read the host while recording (its op type is quarantined)",
+    "stale_bake": "a value of shape arithmetic a recording baked in differed, once launched, from "
+                  "the warm-up step's (the step ran eagerly; its readers stay seams in this slot)",
     "capture_api_error": "beginning, ending or launching a device graph failed (the step ran eagerly)",
     "kernel_error": "a kernel failed while recording (the step fails with a KernelError naming it)",
 }

@@ -19,6 +19,7 @@ from typing import Any
 from ..addresses import address, holds_now
 from ..ops.registry import replay_kernel
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
+from .memo import SHAPE_ARITHMETIC, SHAPE_FOLD_MAX_ELEMENTS, SHAPE_SOURCES
 from .shapes import symbols_in
 from .views import is_view_of
 
@@ -197,6 +198,16 @@ class SlotCapture:
     retire_counts: dict = field(default_factory=dict)
     #: plan index -> the rerecord_limit decline its segment earned (never captured again)
     limited: dict = field(default_factory=dict)
+    # -- shape arithmetic the recordings bake in (`CaptureRunner.segment`) ----------------
+    #: the shape-derived values whose whole computation lies in captured segments: their
+    #: readers' host reads are taken as constants while recording
+    derived: frozenset = frozenset()
+    #: value id -> its host copy at the last eager step, on a backend whose recording
+    #: computes nothing (CUDA): what a recording bakes, checked once launched
+    derived_host: dict = field(default_factory=dict)
+    #: shape-derived values found to differ between a warm-up step and the capture
+    #: (`stale_bake`): never baked again in this slot
+    unbakeable: set = field(default_factory=set)
 
     @property
     def installed(self) -> bool:
@@ -226,9 +237,12 @@ class LaunchRecorder:
     kernels' launches already and notes nothing; the CPU backend records each node as
     the launch its replay repeats, with the very arrays it ran on."""
 
-    def __init__(self, backend: Any, graph: Any):
+    def __init__(self, backend: Any, graph: Any, bake: Any = None):
         self.backend = backend
         self.graph = graph
+        #: called with each output a node made (value id, array): a shape-derived value
+        #: joins what later host reads of this recording may bake (`CaptureRunner._capture`)
+        self.bake = bake
 
     def copied(self, source: Any, copy: Any) -> None:
         """A contiguity copy the node's inputs needed: a launch of its own."""
@@ -251,12 +265,60 @@ class LaunchRecorder:
         if not d.view or any(o is not None for o in slots):
             # every replay passes these very arrays: a kernel's checks of them are made once, here
             self.backend.record(self.graph, replay_kernel(d.p.fn, ins, slots), ins, slots)
+        if self.bake is not None:
+            for vid in d.p.outputs:
+                if vid >= 0:
+                    self.bake(vid, env[vid])
 
 
 def copy_launch(ins: list, outs: list) -> tuple:
     """A recorded launch copying input 0 into output 0 (e.g. a contiguity fix)."""
     outs[0][...] = ins[0]
     return (outs[0],)
+
+
+def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[int]]:
+    """value id -> the plan indices that compute it, for each value that is a pure
+    function of tensor shapes: a Shape or Size, then shape arithmetic (`SHAPE_ARITHMETIC`)
+    fed only by such values and initializers (torch exports' Shape -> Gather -> Unsqueeze
+    -> Concat -> Reshape chains, sized by `unk__N` dims no static resolution knows).
+
+    Why a recording may bake such a value when every node computing it is captured:
+    a replay checks the shapes of its segments' inputs (`CapturedGraph.mismatch`), and
+    replays a segment only after every earlier one replayed. Inside captured segments
+    every shape follows from those input shapes (outputs sized by values decline unless
+    the values are themselves baked), so the Shape nodes at the chain's roots read the
+    same shapes at every replay, and the arithmetic above them gives the same values."""
+    derived: dict[int, frozenset[int]] = {}
+    for p in plan.nodes:
+        node = p.node
+        if node.domain or node.subgraphs or node.captures:
+            continue
+        ins = [i for i in p.inputs if i >= 0]
+        if node.op_type in SHAPE_SOURCES:
+            if not ins:
+                continue
+            chain = frozenset((p.index,))
+        elif node.op_type in SHAPE_ARITHMETIC:
+            if not ins or not all(i in derived or i in initializers for i in ins) \
+                    or not any(i in derived for i in ins):
+                continue
+            chain = frozenset((p.index,)).union(*(derived[i] for i in ins if i in derived))
+        else:
+            continue
+        for o in p.outputs:
+            if o >= 0:
+                derived[o] = chain
+    return derived
+
+
+def small_enough_to_bake(shape: tuple | None) -> bool:
+    if shape is None:
+        return False
+    n = 1
+    for d in shape:
+        n *= d
+    return n <= SHAPE_FOLD_MAX_ELEMENTS
 
 
 def growing_symbols(graph: Any) -> set[str]:
@@ -359,7 +421,8 @@ def node_decline(p: Any, preallocated: list[bool], growing: set[str], bound: set
             return CaptureDecline(k, "sequence_value", f"output {v.name!r} is {what}")
         # an output sized just in time from its inputs' shapes is recorded with the array
         # it got (a replay checks those shapes); one sized by input values cannot be
-        if not preallocated[j] and p.spec.data_dependent_shape and not p.spec.produces_view:
+        if not preallocated[j] and p.spec.data_dependent_shape and not p.spec.produces_view \
+                and not reads_only_baked(p, baked):  # baked values: the same size every replay
             return CaptureDecline(k, "data_dependent_shape",
                                   f"output {v.name!r} is sized by input values ({p.node.op_type})")
     for vid in (*p.inputs, *p.outputs):

@@ -41,6 +41,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from ..addresses import address
 from ..errors import KernelError, MechanismDivergenceError
 from ..ops.registry import CaptureViolation, recording_launches
@@ -55,6 +57,8 @@ from .capture import (
     node_decline,
     reads_only_baked,
     segment_plan,
+    shape_derived_values,
+    small_enough_to_bake,
 )
 
 #: columns of a capture_segments row (after step)
@@ -73,6 +77,14 @@ class CaptureRunner:
         self.clock = getattr(self.backend, "host_clock", None)  # see `Backend.host_clock`
         graph = executor.graph
         self.build_growing = growing_symbols(graph)
+        #: shape arithmetic a recording may bake where all of it is captured (`segment`)
+        self.shape_derived = shape_derived_values(self.plan, graph.initializers)
+        #: initializers some kernel reads on the host (a Range's constant delta beside a
+        #: computed limit): constants, which a recording bakes with the rest
+        self.host_constants = frozenset(
+            p.inputs[i] for p in self.plan.nodes for i in p.capture.host_inputs
+            if i < len(p.inputs) and p.inputs[i] in graph.initializers)
+        self._constant_copies: dict[int, Any] = {}
         self.quarantined: set[tuple[str, str]] = set()
         #: plan indices served by a captured replay in the last step (for shadow)
         self.replayed_nodes: list[int] = []
@@ -116,21 +128,38 @@ class CaptureRunner:
         return pinned
 
     def segment(self, cap: SlotCapture, bound: dict[int, Any]) -> None:
+        """Cut the plan into captured segments and seams. Shape arithmetic is baked in
+        where every node computing it is captured (`shape_derived_values`): assumed of
+        every candidate first, then withdrawn from each whose computation a seam holds,
+        until what is assumed holds (each round only withdraws, so it ends)."""
         ex = self.ex
         growing = self.growing(bound)
         values = self.graph.values
         bound_ids = set(bound)
-        baked = frozenset(ex.baked_values())
-        declines: dict[int, CaptureDecline] = {}
+        folded = frozenset(ex.baked_values())
         observed = cap.seen[1] if cap.seen is not None else ()
-        for d in ex.state.dispatch:
-            p = d.p
-            preallocated = [o is not None for o in d.outs]
-            decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked,
-                                   cap.shape_changes, cap.limited, observed)
-            if decline is not None:
-                declines[p.index] = decline
-        cap.segments, cap.declines = segment_plan(self.plan, declines, self.options.min_segment_nodes)
+        copies = None if self.backend.capture_executes_work else cap.derived_host
+        derived = {vid for vid in self.shape_derived
+                   if vid not in cap.unbakeable and vid < len(observed) and small_enough_to_bake(observed[vid])
+                   and (copies is None or vid in copies)}
+        while True:
+            baked = folded | derived | self.host_constants
+            declines: dict[int, CaptureDecline] = {}
+            for d in ex.state.dispatch:
+                p = d.p
+                preallocated = [o is not None for o in d.outs]
+                decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked,
+                                       cap.shape_changes, cap.limited, observed)
+                if decline is not None:
+                    declines[p.index] = decline
+            segments, final = segment_plan(self.plan, declines, self.options.min_segment_nodes)
+            captured = {k for seg in segments if seg.kind == "captured" for k in seg.nodes}
+            holding = {vid for vid in derived if self.shape_derived[vid] <= captured}
+            if holding == derived:
+                break
+            derived = holding
+        cap.segments, cap.declines = segments, final
+        cap.derived = frozenset(derived)
         self._keep_in_place(cap, bound_ids)
 
     def _keep_in_place(self, cap: SlotCapture, bound: set[int]) -> None:
@@ -198,6 +227,10 @@ class CaptureRunner:
         env = self.env
         shapes = tuple(getattr(a, "shape", None) for a in env)
         feeds = {vid: address(env[vid]) for vid in self.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
+        if not self.backend.capture_executes_work:  # what a recording there would bake
+            to_host = self.backend.to_host
+            cap.derived_host = {vid: to_host(env[vid]) for vid in self.shape_derived
+                                if small_enough_to_bake(shapes[vid])}
         before = cap.seen
         # the regime is the inputs' symbols: just-in-time ones come and go with what ran
         regime = {s: n for s, n in bindings.items() if s in self.input_symbols}
@@ -247,6 +280,23 @@ class CaptureRunner:
         env = self.env
         backend_graph = None
         baked = ex.baked_values()
+        # id -> (array, host copy) a host read while recording may take as a constant: the
+        # validated fold values, and shape arithmetic wholly captured (`segment`), added as
+        # its arrays appear: at a segment's start (made earlier) and as each node makes them
+        bakes = {id(arr): (arr, host) for arr, host in baked.values()}
+        for vid in self.host_constants:
+            arr = env[vid]
+            copy = self._constant_copies.get(vid)
+            if copy is None or copy[0] is not arr:
+                copy = self._constant_copies[vid] = (arr, backend.to_host(arr))
+            bakes[id(arr)] = copy
+        copies = None if backend.capture_executes_work else cap.derived_host
+        derived = cap.derived
+
+        def bake(vid: int, arr: Any) -> None:
+            if vid in derived and arr is not None:
+                # a host backend's recording runs the chain: its own array holds this step's value
+                bakes[id(arr)] = (arr, arr if copies is None else copies[vid])
         try:
             for seg in cap.segments:
                 if seg.kind == "eager":
@@ -256,14 +306,30 @@ class CaptureRunner:
                 signature = binding_signature(env, inputs)
                 t0 = time.perf_counter()
                 known = set(bindings)
+                if copies is not None and derived:
+                    moved = self._moved_since_warm_up(cap, inputs)
+                    if moved is not None:  # the warm-up's copies would be stale: record another step
+                        self._abort(backend, None, cap)
+                        return self._eager_instead(cap, run_nodes, rec, slot, bindings, "stale_bake", moved)
+                for vid in inputs:
+                    bake(vid, env[vid])
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
-                with recording_launches(label, {id(arr): (arr, host) for arr, host in baked.values()}):
-                    run_nodes(seg.nodes, LaunchRecorder(backend, graph))
+                with recording_launches(label, bakes):
+                    run_nodes(seg.nodes, LaunchRecorder(backend, graph, bake if derived else None))
                 graph = backend.end_capture(graph)
                 backend_graph = None
                 if not backend.capture_executes_work:  # the capture rule above: run what was recorded
                     backend.launch(graph)
+                    stale = self._stale_bakes(cap, seg)
+                    if stale:
+                        self._abort(backend, None, cap)
+                        cap.unbakeable.update(stale)
+                        names = ", ".join(repr(self.graph.values[v].name) for v in stale[:3])
+                        return self._eager_instead(
+                            cap, run_nodes, rec, slot, bindings, "stale_bake",
+                            f"{names} differed once launched from the warm-up step's value; "
+                            "its readers stay seams in this slot")
                 outputs = {o: env[o] for k in seg.nodes for o in self.plan.nodes[k].outputs if o >= 0}
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
                            if o is not None]
@@ -457,21 +523,50 @@ class CaptureRunner:
         self._segment_rows[key] = (cap.segments, rows, len(plan.nodes))
         rec.add_rows("capture_segments", SEGMENT_COLUMNS, rows)
 
+    def _moved_since_warm_up(self, cap: SlotCapture, inputs: list[int]) -> str | None:
+        """Why the warm-up step's host copies of shape arithmetic may not be baked into
+        this recording (an input of the segment has another shape than then), or None.
+        Inside captured segments every shape follows from their inputs' shapes, so the
+        same input shapes give the same shape arithmetic as the warm-up step computed."""
+        seen = cap.seen[1]
+        env = self.env
+        for vid in inputs:
+            shape = getattr(env[vid], "shape", None)
+            if shape is not None and vid < len(seen) and seen[vid] is not None and shape != seen[vid]:
+                return (f"{self.graph.values[vid].name!r} has shape {tuple(shape)}, the warm-up step's was "
+                        f"{tuple(seen[vid])}: the shape arithmetic recorded from it would be stale")
+        return None
+
+    def _stale_bakes(self, cap: SlotCapture, seg: Any) -> list[int]:
+        """The shape-derived values segment `seg` computes whose launched value is not the
+        host copy its recording baked (a backend whose recording computes nothing)."""
+        to_host, copies, env = self.backend.to_host, cap.derived_host, self.env
+        made = [o for k in seg.nodes for o in self.plan.nodes[k].outputs if o in cap.derived]
+        return [vid for vid in made if not np.array_equal(to_host(env[vid]), copies[vid])]
+
     def _emit_baked(self, rec: Any, slot: str, cap: SlotCapture, baked: dict[int, tuple]) -> None:
         """A capture_events row for each captured node that reads baked values on the host."""
         plan, values = self.plan, self.graph.values
+        folded = frozenset(baked)
+        every = folded | cap.derived | self.host_constants
+        rows = []
         for seg in cap.segments:
             if seg.kind != "captured":
                 continue
             for k in seg.nodes:
                 p = plan.nodes[k]
-                if not p.capture.supported and reads_only_baked(p, baked):
-                    read = [values[p.inputs[i]].name for i in p.capture.host_inputs
-                            if i < len(p.inputs) and p.inputs[i] >= 0]
-                    rec.add_row("capture_events", slot=slot, segment=seg.index, event="bake",
-                                reason=f"{p.node.op_type} ({p.node.name}) reads {', '.join(read)} on the host: "
-                                       "validated shape-fold values, the same at every replay, taken as constants",
-                                duration_s=0.0)
+                if not p.capture.supported and reads_only_baked(p, every):
+                    read = [p.inputs[i] for i in p.capture.host_inputs if i < len(p.inputs) and p.inputs[i] >= 0]
+                    what = ("validated shape-fold values, the same at every replay"
+                            if all(v in folded or v in self.host_constants for v in read)
+                            else "shape arithmetic computed inside the captured segments, fixed by the "
+                                 "input shapes every replay checks")
+                    rows.append((slot, seg.index, "bake",
+                                 f"{p.node.op_type} ({p.node.name}) reads "
+                                 f"{', '.join(values[v].name for v in read)} on the host: {what}, taken as constants",
+                                 0.0))
+        if rows:
+            rec.add_rows("capture_events", REPLAY_EVENT_COLUMNS, tuple(rows))
 
     def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
         plan = self.plan

@@ -246,7 +246,7 @@ class recording_launches:
 
     def __init__(self, label: str, baked: dict[int, tuple[Any, Any]] | None = None):
         self.label = label
-        self.baked = baked or {}
+        self.baked = {} if baked is None else baked  # the caller's own dict: it may add to it while recording
 
     def __enter__(self) -> None:
         _capturing.append(self.label)
