@@ -606,3 +606,23 @@ def test_baked_shape_arithmetic_is_never_stale(backend):
     else:
         assert stale.empty
     assert runs.capture.replays >= 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimum_merged_decoders_branch_is_captured_and_says_what_it_replayed(backend):
+    """optimum's merged decoder is one If on use_cache_branch whose branches are whole
+    models: the If is a seam, so nothing was captured (0% replayed on every merged
+    export). The branch runs as a graph of its own with its own captured segments; each
+    step's `branch_capture` row says what it replayed, and `capture_coverage` counts the
+    branch's nodes in place of the If. Tokens are onnxruntime's; the graphs hold."""
+    model = models.llama("tiny", export="optimum-merged")
+    want = Generator(_ort(model)).generate([3, 4, 5, 6], 16, kv="growing", progress=False, eos_token_id=-1).tokens
+    session = workbench.InferenceSession(model, SessionOptions(trace=True), backend=backend)
+    tokens, share = _decode_holds(session)
+    assert tokens == want
+    rows = session.recording.table("branch_capture")
+    late = rows[rows.step >= 6]
+    assert (late.replayed_nodes > 0).all() and (late.replayed_us > 0).all(), late.to_string()
+    assert late.captures.nunique() == 1 and late.retires.nunique() == 1, "re-recorded after warm-up"
+    assert late.seams.str.contains("growing_symbol").all()  # what stays eager, by reason
+    assert share > 0.35, share

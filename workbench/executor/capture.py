@@ -279,8 +279,8 @@ def copy_launch(ins: list, outs: list) -> tuple:
 
 def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[int]]:
     """value id -> the plan indices that compute it, for each value that is a pure
-    function of tensor shapes: a Shape or Size, then shape arithmetic (`SHAPE_ARITHMETIC`)
-    fed only by such values and initializers (torch exports' Shape -> Gather -> Unsqueeze
+    function of tensor shapes: a Shape or Size (or a Constant node's value), then shape
+    arithmetic (`SHAPE_ARITHMETIC`) fed only by such values and initializers (torch exports' Shape -> Gather -> Unsqueeze
     -> Concat -> Reshape chains, sized by `unk__N` dims no static resolution knows).
 
     Why a recording may bake such a value when every node computing it is captured:
@@ -295,7 +295,9 @@ def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[in
         if node.domain or node.subgraphs or node.captures:
             continue
         ins = [i for i in p.inputs if i >= 0]
-        if node.op_type in SHAPE_SOURCES:
+        if node.op_type == "Constant" and not ins:  # left in a branch, which load-time folding skips
+            chain = frozenset((p.index,))
+        elif node.op_type in SHAPE_SOURCES:
             if not ins:
                 continue
             chain = frozenset((p.index,))

@@ -65,6 +65,10 @@ from .capture import (
 SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
 #: a capture_events row, in the column order every other emission of that table has
 REPLAY_EVENT_COLUMNS = ("slot", "segment", "event", "reason", "duration_s")
+#: a branch_capture row: an If branch run as a graph of its own (`Executor._emit_branch`),
+#: then `branch_fields`
+BRANCH_COLUMNS = ("slot", "plan_index", "node", "branch", "nodes", "replayed_nodes", "replayed_us",
+                  "captures", "replays", "retires", "seams")
 
 
 class CaptureRunner:
@@ -88,6 +92,10 @@ class CaptureRunner:
         self.quarantined: set[tuple[str, str]] = set()
         #: plan indices served by a captured replay in the last step (for shadow)
         self.replayed_nodes: list[int] = []
+        #: host seconds the last step spent replaying (an If branch's row tells its parent)
+        self.replayed_s = 0.0
+        #: (the declines list, what `branch_fields` says of it)
+        self._seam_summary: tuple = (None, "")
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
         #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)
@@ -248,6 +256,7 @@ class CaptureRunner:
                  rec: Any, slot: str, bindings: dict[str, int]) -> str:
         """Run the step's nodes; returns the capture mode used: eager, capture or replay."""
         self.replayed_nodes = []
+        self.replayed_s = 0.0
         disabled = self.enabled_reason()
         if disabled is not None:
             run_nodes(range(len(self.plan.nodes)))
@@ -391,6 +400,7 @@ class CaptureRunner:
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
             if rec is not None:  # a host backend's clock read directly, as for an eager node
                 timer = clock() if clock is not None else self.backend.start_timer()
+            t0 = time.perf_counter()
             try:
                 captured.replay(self.backend, env, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
@@ -398,6 +408,7 @@ class CaptureRunner:
                 self._replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
+            self.replayed_s += time.perf_counter() - t0
             for vid, owner in captured.owners.items():  # what the recorded launches copied
                 ex.set_owner(vid, owner)
             replayed.append(captured)
@@ -412,6 +423,21 @@ class CaptureRunner:
             self._replay_events(rec, events)
             self._emit_segments(rec, slot, cap, "replayed")
         return "replay"
+
+    def branch_fields(self) -> tuple:
+        """The last step of this (If branch's) executor, as its `branch_capture` row
+        gives it after the If's: nodes, nodes replayed and the host µs replaying them,
+        the slot's captures, replays and retires so far, and its seams by reason."""
+        cap = self.ex.state.capture
+        declines, seams = self._seam_summary
+        if declines is not cap.declines:
+            counts: dict[str, int] = {}
+            for d in cap.declines:
+                counts[d.reason] = counts.get(d.reason, 0) + 1
+            seams = ", ".join(f"{reason} x{n}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            self._seam_summary = (cap.declines, seams)
+        return (len(self.plan.nodes), len(self.replayed_nodes), self.replayed_s * 1e6,
+                cap.captures, cap.replays, cap.retires, seams)
 
     @staticmethod
     def replay_restores(cap: SlotCapture) -> frozenset:

@@ -19,7 +19,7 @@ from ..errors import AllocationError, InputError, KernelError, MechanismDivergen
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
-from .capture_runner import CaptureRunner
+from .capture_runner import BRANCH_COLUMNS, CaptureRunner
 from .io_rows import IO_COLUMNS, IoRows, io_layout
 from .liveness_rows import LivenessRows
 from .memo import MemoStats
@@ -112,6 +112,8 @@ class Executor(DecodeMemoSteps):
         self._io_layouts: dict[tuple, tuple] = {}
         #: (memo, its varying set, the memo row's fields of them) for `_emit_memo_row`
         self._memo_summary: tuple | None = None
+        #: id of an If branch's graph -> (the If's plan index, node name, branch name)
+        self._branch_nodes: dict[int, tuple] = {}
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -645,8 +647,10 @@ class Executor(DecodeMemoSteps):
         """A body's runner. `reusable` (an If's branch, whose values no later run of it
         needs), where this executor is not itself a Loop or Scan body's: the branch runs
         as a graph of its own whose inputs are the values it reads from outside, with the
-        decode-plan memo, preallocated buffers and views a top-level graph has (capture
-        stays at the If's seam), and hands each output over or copies it, as a top-level
+        decode-plan memo, preallocated buffers, views and captured segments a top-level
+        graph has (the If itself is a seam; its slot is the caller's; each run's
+        `branch_capture` row tells what the branch replayed), and hands each output over
+        or copies it, as a top-level
         run does for its caller (optimum's merged small llama, whose whole model is an
         If's branch, three sessions each way decoding in turn: 5.60 -> 4.74 ms a step on
         a busy machine; 1.72-1.87 -> 1.28-1.37 of onnxruntime's step). Otherwise each run's
@@ -658,8 +662,7 @@ class Executor(DecodeMemoSteps):
         reusable = reusable and not self.jit_only
         if reusable:
             own = dataclasses.replace(graph, inputs=formal + list(graph.outer_inputs), outer_inputs=[])
-            child = Executor(own, self.backend, options=dataclasses.replace(self.options, capture=False),
-                             cache=self.cache)
+            child = Executor(own, self.backend, options=self.options, cache=self.cache)
         else:
             child = Executor(graph, self.backend, options=self.options, cache=self.cache, jit_only=True)
 
@@ -670,7 +673,9 @@ class Executor(DecodeMemoSteps):
                 feeds[vid] = captures[name]
             if reusable:
                 try:
-                    child.run(feeds)
+                    child.run(feeds, slot=self.state.name)
+                    if self.recording is not None:
+                        self._emit_branch(graph, child)
                 except InputError:
                     # the shapes declared for the values it reads (inferred, or a model's
                     # own value_info) disagree with what arrives, which binding symbols
@@ -684,6 +689,16 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+    def _emit_branch(self, graph: Graph, child: Executor) -> None:
+        """A `branch_capture` row for the If branch `child` just ran: what its captured
+        segments replayed, which reports fold into the If's own time."""
+        where = self._branch_nodes.get(id(graph))
+        if where is None:
+            k = next(p.index for p in self.plan.nodes if any(g is graph for g in p.node.subgraphs.values()))
+            where = self._branch_nodes[id(graph)] = (k, self.plan.nodes[k].node.name, graph.name)
+        self.recording.add_flat_rows("branch_capture", BRANCH_COLUMNS,
+                                     (self.state.name, *where, *child.capture_runner.branch_fields()))
 
 
 def in_place_pair(p: PlanNode, slot_and_position: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..addresses import holds_now
 from ..errors import MemoVerifyError
+from ..ops.registry import baked_copy
 from .memo import (
     STAGE2_MISMATCH_LIMIT,
     DecodePlanMemo,
@@ -314,6 +315,8 @@ class DecodeMemoSteps:
                 continue
             if fold is not None and value is fold.values.get(vid):
                 host = fold.host[vid]  # the fold's private copy: its host twin (no device read, as while recording)
+            elif not on_host and (baked := baked_copy(value)) is not None:
+                host = baked  # shape arithmetic the recording under way bakes: its host copy
             else:
                 host = value if on_host else self.backend.to_host(value)  # part of the guard, not a kernel's read
             keys.append((vid, host.shape, host.dtype.str, host.tobytes()))

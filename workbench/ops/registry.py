@@ -226,6 +226,16 @@ def host_read(array: Any) -> np.ndarray:
     return get() if get is not None and not isinstance(array, np.ndarray) else np.asarray(array)
 
 
+def baked_copy(array: Any) -> np.ndarray | None:
+    """The host copy the recording under way bakes for `array`, or None (not recording,
+    or not baked): for a guard that must read a value without touching the device."""
+    if _capturing:
+        baked = _baked[-1].get(id(array))
+        if baked is not None and baked[0] is array:
+            return baked[1]
+    return None
+
+
 def numpy_first_int(array: np.ndarray) -> int:
     """The first value of a host (numpy) integer array, for a kernel's numpy-only path.
 

@@ -46,8 +46,10 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     for each kind in `COVERAGE_KINDS` (replayed, eager, host_fallback, elided):
     `<kind>_nodes`, `<kind>_us`, `<kind>_share` (of the step's node executions) and
     `<kind>_time_share` (of its node time). A node whose kernel is the host fallback
-    counts as host_fallback (not eager). Shares of one step sum to 1 (NaN for a step
-    with no node executions recorded).
+    counts as host_fallback (not eager). An If whose branch ran as a graph of its own
+    counts as that branch's nodes, replayed as its `branch_capture` row says and eager
+    for the rest. Shares of one step sum to 1 (NaN for a step with no node executions
+    recorded).
     """
     f = as_frames(src)
     t = _kinds(f)
@@ -57,17 +59,39 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     times = t.groupby(["step", "kind"])["duration_us"].sum().unstack(fill_value=0.0)
     n = counts.sum(axis=1).reindex(out["step"]).fillna(0).astype("int64").to_numpy()
     total = times.sum(axis=1).reindex(out["step"]).fillna(0.0).to_numpy()
+    branch_nodes, branch_replayed, branch_us = _branch_replays(f, out["step"])
+    # an If branch run as a graph of its own (optimum's merged decoder): its nodes count
+    # instead of the If, its replayed time moves out of the If's eager time
+    n = n + np.maximum(branch_nodes - 1, 0)
     out["nodes"] = n
     out["time_us"] = total
     with np.errstate(invalid="ignore", divide="ignore"):
         for k in COVERAGE_KINDS:
             c = (counts[k] if k in counts else pd.Series(dtype="int64")).reindex(out["step"]).fillna(0)
             us = (times[k] if k in times else pd.Series(dtype=float)).reindex(out["step"]).fillna(0.0)
+            if k == "replayed":
+                c, us = c + branch_replayed, us + branch_us
+            elif k == "eager":
+                c = c + np.maximum(branch_nodes - branch_replayed - 1, 0) * (branch_nodes > 0)
+                us = (us - branch_us).clip(lower=0.0)
             out[f"{k}_nodes"] = c.astype("int64").to_numpy()
             out[f"{k}_us"] = us.to_numpy()
             out[f"{k}_share"] = np.where(n > 0, c.to_numpy() / np.maximum(n, 1), np.nan)
             out[f"{k}_time_share"] = np.where(total > 0, us.to_numpy() / np.where(total > 0, total, 1), np.nan)
     return out
+
+
+def _branch_replays(f: Frames, steps: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step (in `steps`' order): the nodes of the If branches that ran as graphs of
+    their own, how many of them a captured segment replayed, and its µs (zeros without
+    a branch_capture table)."""
+    rows = f.optional("branch_capture")
+    if rows is None or rows.empty:
+        zeros = np.zeros(len(steps))
+        return zeros.astype("int64"), zeros.astype("int64"), zeros
+    per = rows.groupby("step")[["nodes", "replayed_nodes", "replayed_us"]].sum().reindex(steps).fillna(0)
+    return (per["nodes"].to_numpy(dtype="int64"), per["replayed_nodes"].to_numpy(dtype="int64"),
+            per["replayed_us"].to_numpy(dtype=float))
 
 
 def decode_coverage(src: Recording | Frames, phases: tuple[str, ...] = ("decode",)) -> dict:

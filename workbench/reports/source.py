@@ -42,6 +42,7 @@ OPTIONAL_TABLES: dict[str, str] = {
     "rewrites": "rewrites",
     "peer": "peer",  # a peer runtime's latency, measured the same way (workbench report / demo)
     "peer_profile": "peer_profile",  # the peer's own per-node profile (reports.peer_profile)
+    "branch_capture": "branch_capture",  # what an If branch run as a graph of its own replayed
 }
 
 
