@@ -345,7 +345,7 @@ def test_each_view_stands_alone_and_redraws_when_its_step_control_moves(decoded,
 
     view = getattr(wb, name)(decoded)
     assert view.controls is not None and view.cursor.step == len(decoded) - 1
-    figures = [w for w in _walk(view) if type(w).__name__ == "FigureWidget"]
+    figures = [w for w in _walk(view) if _is_figure(w)]
     assert figures, "every view draws at least one plotly figure"
     before = [_figure_json(f) for f in figures]
     label = view.controls.label.value
@@ -364,6 +364,12 @@ def _walk(w):
     yield w
     for child in getattr(w, "children", ()):
         yield from _walk(child)
+
+
+def _is_figure(w) -> bool:
+    import plotly.graph_objects as go
+
+    return isinstance(w, go.FigureWidget)
 
 
 def test_views_say_plainly_what_was_not_recorded(bare):
@@ -442,12 +448,12 @@ def test_workbench_appears_before_the_decode_ends_and_makes_figures_only_for_ope
     built = time.perf_counter() - t0
     assert wb.live.running and len(session.recording) < 6, "the constructor returned before the decode ended"
     assert built < 2.0, built
-    figures = [w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]
+    figures = [w for w in _walk(wb) if _is_figure(w)]
     assert len(figures) <= 1, "only the open tab (Plan) may make a figure"
     wb.wait(timeout=60)
-    assert len([w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]) == 1
+    assert len([w for w in _walk(wb) if _is_figure(w)]) == 1
     wb.tabs.selected_index = 4  # Liveness: its figures are made when it opens
-    assert len([w for w in _walk(wb) if type(w).__name__ == "FigureWidget"]) == 2
+    assert len([w for w in _walk(wb) if _is_figure(w)]) == 2
 
 
 def test_each_live_decode_gets_its_own_recording():
@@ -765,7 +771,7 @@ def test_a_real_view_walk_is_legible():
 def test_plan_view_says_when_rewrites_kept_every_node(monkeypatch):
     """With the fusion rules off, llama's onnx flavour only relays MatMul weights
     (matvec_layout): the Plan tab says so instead of "none", right under the strip."""
-    import workbench.executor.fusion as fusion
+    import workbench.rewrite.fusion as fusion
     from workbench.widgets import PlanView
 
     monkeypatch.setattr(fusion, "RULES", [])

@@ -38,11 +38,12 @@ class RecordingView(W.VBox):
     grew), but only while active -- a hidden tab just remembers that it is stale.
 
     Standalone (no `cursor` given) a view gets its own step control. `lock` serialises
-    rendering with a live decode (see `live.LiveDecode`).
+    rendering with a live decode (see `live.LiveDecode`). With `observe_cursor=False` the
+    owner calls `_changed()` when the cursor moved.
     """
 
     def __init__(self, source: Any, *, cursor: StepCursor | None = None, controls: bool | None = None,
-                 lock: threading.RLock | None = None, active: bool = True):
+                 lock: threading.RLock | None = None, active: bool = True, observe_cursor: bool = True):
         self.frames = as_frames(source)
         standalone = cursor is None
         self.cursor = cursor if cursor is not None else StepCursor(self.frames)
@@ -56,7 +57,8 @@ class RecordingView(W.VBox):
         super().__init__([W.HTML(STYLE)] + ([self.controls] if self.controls else []) + [self.message] + body,
                          layout=W.Layout(width="100%", max_width="100%"))
         self.add_class("wb-view")
-        self.cursor.observe(self._changed, names=["step", "slot", "node", "version"])
+        if observe_cursor:  # else its owner calls _changed() (DecodeWorkbench: after the step label)
+            self.cursor.observe(self._changed, names=["step", "slot", "node", "version"])
         if active:
             self.render()
 

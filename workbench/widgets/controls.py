@@ -11,6 +11,7 @@ import ipywidgets as W
 from ..reports import step_info
 from ..reports.units import fmt_ms
 from .model import StepCursor
+from .step_html import StepHTML
 
 __all__ = ["StepControl"]
 
@@ -33,7 +34,7 @@ class StepControl(W.HBox):
                                   layout=W.Layout(width="320px", max_width="30%"))
         self.slot = W.Dropdown(options=cursor.slots, value=cursor.slot, description="slot",
                                layout=W.Layout(width="170px"))
-        self.label = W.HTML()
+        self.label = StepHTML()  # shown together with the plot of its step
         for w, cls in ((self.prev_btn, "wb-prev"), (self.next_btn, "wb-next"), (self.play, "wb-play"),
                        (self.slider, "wb-slider"), (self.slot, "wb-slot"), (self.label, "wb-step-label")):
             w.add_class(cls)
@@ -77,7 +78,7 @@ class StepControl(W.HBox):
         self.slider.value = max(c.position, 0)
         self.prev_btn.disabled = c.position <= 0
         self.next_btn.disabled = c.position >= n - 1
-        self.label.value = self._describe(n)
+        self.label.show(self._describe(n), c.step)
 
     def _describe(self, n: int) -> str:
         c = self.cursor

@@ -11,6 +11,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .figure_code import Figure, preload
+
 __all__ = ["THEME", "WIDGET_COLORS", "FigureHolder", "glance", "show_figure"]
 
 #: the widgets' plotly template: plotly_white with transparent backgrounds, so a plot
@@ -34,27 +36,38 @@ class FigureHolder(W.VBox):
 
     A FigureWidget carries plotly.js itself (about 5 MB of JavaScript the browser must
     receive and evaluate per widget), so a workbench that made all of its figures up
-    front appeared only seconds after the cell ran. Made lazily, only the figures of
-    the tabs a person opens exist; views render only while shown, so a figure is first
-    drawn inside a visible container and is sized to it.
+    front appeared only seconds after the cell ran. The figure is a `figure_code.Figure`,
+    which takes plotly from the page's one import of it; and made lazily, only the
+    figures of the tabs a person opens exist; views render only while shown, so a figure
+    is first drawn inside a visible container and is sized to it.
+
+    `follows_step`: the view redraws this figure for every step it shows; `show(...,
+    step=)` writes the step into the layout's `meta`, and the step label and tokens
+    (`step_html.StepHTML`) wait for it, so the page shows them together.
     """
 
-    def __init__(self, max_height: int | None = None) -> None:
+    def __init__(self, max_height: int | None = None, follows_step: bool = False) -> None:
         self.widget: go.FigureWidget | None = None
         self.max_height = max_height
+        self.follows_step = follows_step
         super().__init__([], layout=W.Layout(width="100%"))
         self.add_class("wb-figure")
+        if follows_step:
+            self.add_class("wb-step-figure")
 
     def ensure(self) -> go.FigureWidget:
-        """Make the FigureWidget now (empty), so the browser loads plotly while a live decode
-        runs its first step."""
+        """Make the FigureWidget now (empty), so its view exists before a live decode's first
+        step is drawn into it."""
         if self.widget is None:
-            self.widget = go.FigureWidget(layout={"template": THEME, "height": 120, "autosize": True})
+            self.widget = Figure(layout={"template": THEME, "height": 120, "autosize": True})
             self.children = [self.widget]
         return self.widget
 
-    def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None) -> None:
+    def show(self, fig: go.Figure, on_click: Callable[[object], None] | None = None,
+             step: int | None = None) -> None:
         glance(fig, self.max_height)
+        if self.follows_step and step is not None:
+            fig.update_layout(meta={"wb_step": int(step)})
         show_figure(self.ensure(), fig, on_click)
 
 
@@ -138,3 +151,8 @@ def _clicked(callback: Callable[[object], None]):
             callback(data[inds[0]])
 
     return handler
+
+
+# in a kernel, importing the views sends plotly's widget code to the browser now: it is
+# evaluated while the next cells run, not when the first figure is waited for
+preload()

@@ -28,7 +28,7 @@ class LivenessView(RecordingView):
         self.constants.observe(lambda _c: self.render(force=True), names="value")
         self.numbers = W.HTML()
         self.numbers.add_class("wb-memory-numbers")
-        self.figure = FigureHolder(max_height=560)
+        self.figure = FigureHolder(max_height=560, follows_step=True)
         return [W.HBox([self.numbers, self.constants]), self.figure]
 
     def _render(self) -> None:
@@ -53,4 +53,5 @@ class LivenessView(RecordingView):
             f"{fmt_bytes(mem['resident_peak_bytes'])}{html.escape(at)}")
         self.figure.show(liveness_figure(lt, self.model.curve(c.step), mem, c.node,
                                                  self.model.highlight(c.node),
-                                                 title=f"Buffer liveness at step {c.step}"), self.select_node)
+                                                 title=f"Buffer liveness at step {c.step}"), self.select_node,
+                         step=c.step)

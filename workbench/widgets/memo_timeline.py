@@ -23,7 +23,7 @@ class MemoTimeline(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = MemoModel(self.frames)
-        self.figure = FigureHolder(max_height=540)
+        self.figure = FigureHolder(max_height=540, follows_step=True)
         self.at_step = W.HTML()
         self.at_step.add_class("wb-memo-at-step")
         self.table = PagedTable(size=12, formatters={"resolve_ms": fmt_ms})
@@ -34,7 +34,7 @@ class MemoTimeline(RecordingView):
         missing = self.model.missing()
         self.message.value = "".join(f"<div><i>{html.escape(m)}: {NOT_RECORDED}.</i></div>" for m in missing)
         self.figure.show(memo_figure(self.model.lanes(), self.model.latency(), c.step, missing),
-                    self._go)
+                         self._go, step=c.step)
         at = self.model.at(c.step)
         info = at["info"]
         lat = self.model.latency()

@@ -24,7 +24,7 @@ class PlanView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = PlanModel(self.frames)
-        self.figure = FigureHolder(max_height=540)
+        self.figure = FigureHolder(max_height=540, follows_step=True)
         self.table = PagedTable(size=20, formatters={"duration_us": fmt_us},
                                 filter_columns=["name", "op_type", "kernel", "group", "mode"])
         self.table.layout.width = "100%"
@@ -43,7 +43,7 @@ class PlanView(RecordingView):
         plan = self.model.plan(c.step, c.slot)
         self.message.value = ""
         self.figure.show(plan_strip_figure(
-            plan, c.node, title=f"Execution plan at step {c.step} ({len(plan)} nodes)"), self.select_node)
+            plan, c.node, title=f"Execution plan at step {c.step} ({len(plan)} nodes)"), self.select_node, step=c.step)
         page = None
         if c.node >= 0 and not self.table.query.value:
             page = self.model.page_of_node(c.step, c.slot, c.node, self.table.size)

@@ -25,8 +25,8 @@ class SegmentationView(RecordingView):
 
     def _build(self) -> list[W.Widget]:
         self.model = SegmentationModel(self.frames)
-        self.segments_fig = FigureHolder(max_height=480)
-        self.reasons_fig = FigureHolder(max_height=320)
+        self.segments_fig = FigureHolder(max_height=480, follows_step=True)
+        self.reasons_fig = FigureHolder(max_height=320, follows_step=True)
         self.reason = W.Dropdown(options=[_ALL], value=_ALL, description="reason", layout=W.Layout(width="320px"))
         self.seam_pick = W.Dropdown(options=[("(select a seam)", -1)], value=-1, description="seam",
                                     layout=W.Layout(width="520px"))
@@ -51,10 +51,10 @@ class SegmentationView(RecordingView):
             self.segments_fig.show(segments_figure(
                 segs, self.model.declines(c.step, c.slot), c.step, c.node,
                 title=f"Capture segments per step · slot {html.escape(c.slot)}",
-                retires=retire_markers(self.frames, c.slot)), self.select_node)
+                retires=retire_markers(self.frames, c.slot)), self.select_node, step=c.step)
         reasons = self.model.reasons(c.step, c.slot)
         title = f"Declines by reason at step {c.step}" if recorded else "Static verdicts by reason"
-        self.reasons_fig.show(declines_figure(reasons, title), self._reason_clicked)
+        self.reasons_fig.show(declines_figure(reasons, title), self._reason_clicked, step=c.step)
         self._syncing = True
         try:
             keep = self.reason.value

@@ -22,6 +22,7 @@ from .model.glance import summary_frame
 from .model.tokens import SYNTHETIC_IDS, is_builtin_model, piece_of
 from .plan_view import PlanView
 from .segmentation_view import SegmentationView
+from .step_html import StepHTML
 from .table import STYLE, frame_html
 from .view_alias_view import ViewAliasView
 
@@ -101,9 +102,12 @@ class DecodeWorkbench(W.VBox):
         self.node_pick.add_class("wb-node-pick")
         self.progress = W.IntProgress(min=0, max=max_new_tokens, description="decode",
                                       layout=W.Layout(display="none" if generator is None else None))
-        self.tokens = W.HTML()
+        self.tokens = StepHTML()  # its highlight shown together with the plot of its step
         self.tokens.add_class("wb-tokens")
-        kw = {"cursor": self.cursor, "controls": False, "lock": self.lock}
+        # the views render when _cursor_changed says so: after the step label (the control's
+        # own observer, registered first) and the tokens, so those messages leave before the
+        # plot's and the page shows the three together (see step_html)
+        kw = {"cursor": self.cursor, "controls": False, "lock": self.lock, "observe_cursor": False}
         self.views = [cls(self.frames, active=i == 0, **kw) for i, cls in enumerate(
             (PlanView, SegmentationView, MemoTimeline, ViewAliasView, LivenessView))]
         self.summary = W.HTML(layout=W.Layout(width="100%"))
@@ -128,8 +132,12 @@ class DecodeWorkbench(W.VBox):
                                          "each one is not captured", layout=W.Layout(width="auto"))
         self.why_slow.add_class("wb-why-slow")
         self.why_slow.on_click(lambda _b: self.show_diagnostic("seam costs"))
+        # when the live decode started (the kernel's epoch ms), in the DOM for a browser to time
+        # its first plot and steps against; empty when the widget replays a recording
+        self.clock = W.HTML(layout=W.Layout(display="none"))
+        self.clock.add_class("wb-live-clock")
         wrap = W.Layout(flex_flow="row wrap", width="100%")
-        super().__init__([title, self.tokens, self.controls,
+        super().__init__([title, self.clock, self.tokens, self.controls,
                           W.HBox([self.node_pick, self.progress, self.why_slow], layout=wrap),
                           W.HBox([self.search, self.search_hits, self.search_label], layout=wrap), self.tabs],
                          layout=W.Layout(width="100%", max_width="100%"))
@@ -137,7 +145,7 @@ class DecodeWorkbench(W.VBox):
         self.node_pick.observe(self._node_picked, names="value")
         self.search.observe(lambda c: self.find(c["new"]), names="value")
         self.search_hits.observe(self._hit_picked, names="value")
-        self.cursor.observe(self._cursor_changed, names=["step", "node", "version"])
+        self.cursor.observe(self._cursor_changed, names=["step", "slot", "node", "version"])
         self._cursor_changed()
         if generator is not None:
             # made now, empty: the browser loads plotly while the first step runs, and the first
@@ -148,7 +156,7 @@ class DecodeWorkbench(W.VBox):
             self.live = LiveDecode(generator, self.prompt, max_new_tokens, self._on_live_step, self.lock,
                                    step_delay, **generate_kwargs)
             if start:
-                self.live.start()
+                self.start()
 
     # -- live decode
     def _on_live_step(self, done: int, finished: bool) -> None:
@@ -166,6 +174,7 @@ class DecodeWorkbench(W.VBox):
     def start(self) -> DecodeWorkbench:
         if self.live is not None and not self.live.started:
             self.live.start()
+            self.clock.value = f"<span data-started-ms='{time.time() * 1e3:.0f}'></span>"
         return self
 
     def wait(self, timeout: float | None = None):
@@ -246,10 +255,12 @@ class DecodeWorkbench(W.VBox):
             live = self.live
             stopped = (f"stopped after {len(live.tokens)} tokens: {live.stop_reason}"
                        if live is not None and live.stopped else "")
-            self.tokens.value = tokens_html(strip, self.synthetic_ids, None if live is None else live.error,
-                                            stopped)
+            self.tokens.show(tokens_html(strip, self.synthetic_ids, None if live is None else live.error,
+                                         stopped), self.cursor.step)
             if self.tabs.selected_index == len(self.views):
                 self._render_summary()
+            for view in (*self.views, self.diagnostics):  # each renders only while shown
+                view._changed()
 
     def _render_summary(self) -> None:
         self.summary.value = frame_html(summary_frame(self.frames, summary(self.frames)))
@@ -276,10 +287,10 @@ def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | Non
     spans = []
     for (tok, kind), piece in zip(strip["items"], strip["pieces"]):
         if piece is None:
-            spans.append(f"<span class='wb-tok' style='{_TOKEN_STYLE[kind]}'>{tok}</span>")
+            spans.append(f"<span class='wb-tok wb-tok-{kind}' style='{_TOKEN_STYLE[kind]}'>{tok}</span>")
         else:
             shown = e(piece).replace(" ", "&nbsp;").replace("\n", "↵") or "∅"
-            spans.append(f"<span class='wb-tok' title='id {tok}' style='{_TOKEN_STYLE[kind]};"
+            spans.append(f"<span class='wb-tok wb-tok-{kind}' title='id {tok}' style='{_TOKEN_STYLE[kind]};"
                          "border:1px solid var(--jp-border-color2,#ddd);"
                          f"border-radius:3px;padding:0 2px;margin-right:1px'>{shown}</span>")
     has_text = any(p is not None for p in strip["pieces"])
