@@ -1,6 +1,6 @@
 """Which order this machine reads wide MatMul weights faster in, measured where it
 matters: whole SmolLM2 decodes with `wide_weight_layout` "column-major" (the default)
-and "row-major", against onnxruntime in the same run (see workbench/executor/wide_layout.py).
+and "row-major", against onnxruntime in the same run (see workbench/rewrite/wide_layout.py).
 
 Where a session's weights land in memory moves its decode by several percent (two
 sessions of one setting in one process have differed by 5-8%), as much as the layout

@@ -1,6 +1,6 @@
 """If branches as optimum's merged decoder has them (its weights in the outer graph, its
 model in both branches of one If): the weight rules inside them
-(`executor/branch_weights.py`) and the decode-plan memo running them
+(`rewrite/branch_weights.py`) and the decode-plan memo running them
 (`Executor._subgraph_runner`, reusable).
 
 Hoisting those weights into the branches and fusing, padding and relaying them there
@@ -18,7 +18,7 @@ from oracles import ort_session, tensor
 
 import workbench
 from workbench import Generator, SessionOptions, models
-from workbench.executor.matvec_threads import openblas_threads_available
+from workbench.rewrite.matvec_threads import openblas_threads_available
 
 RUNS = 8
 HIDDEN = 576

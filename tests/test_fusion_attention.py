@@ -1,4 +1,4 @@
-"""Differential tests for the ``attention`` fusion rule (`executor.fusion_attention`,
+"""Differential tests for the ``attention`` fusion rule (`rewrite.fusion_attention`,
 issue 13): repeat_kv + Q K^T + scale + mask + Softmax + @ V as one
 ai.workbench MaskedSoftmaxAttention.
 
@@ -19,7 +19,7 @@ from oracles import ort_session as _ort
 
 import workbench
 from workbench import SessionOptions, models
-from workbench.executor import fusion, fusion_attention
+from workbench.rewrite import fusion, fusion_attention
 
 RUNS = 7
 F32 = TensorProto.FLOAT

@@ -17,10 +17,10 @@ from oracles import ort_session, runs_on_one_buffer, tensor
 from pages import anon_huge_kib, pages_present
 
 import workbench
-import workbench.executor.huge_pages as huge_pages
-import workbench.executor.optimize as optimize
+import workbench.rewrite.huge_pages as huge_pages
+import workbench.rewrite.optimize as optimize
 from workbench import Generator, SessionOptions, models
-from workbench.executor.huge_pages import HUGE_PAGE, WeightArena
+from workbench.rewrite.huge_pages import HUGE_PAGE, WeightArena
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="anonymous maps and /proc")
 RUNS = 8

@@ -17,8 +17,8 @@ from oracles import ort_session, runs_on_one_buffer, tensor
 from pages import pages_present, resident_bytes
 
 import workbench
-import workbench.executor.huge_pages as huge_pages
-import workbench.executor.matvec_threads as matvec_threads
+import workbench.rewrite.huge_pages as huge_pages
+import workbench.rewrite.matvec_threads as matvec_threads
 from workbench import Generator, SessionOptions, models
 
 RUNS = 8

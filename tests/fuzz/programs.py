@@ -683,7 +683,7 @@ class _Gen:
         axis = self.d.int(-len(v.dims), len(v.dims) - 1)
         return self.emit("softmax", [v.name], [self.out(v.dims, 1.0)], axis=axis)
 
-    # -- what the load-time fusion rules match (executor/fusion_patterns.py) -------------
+    # -- what the load-time fusion rules match (rewrite/fusion_patterns.py) -------------
 
     def _op_pattern(self):
         """An RMSNorm, LayerNorm, GELU (erf / tanh) or SiLU written out op by op, in one

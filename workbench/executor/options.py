@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, check_setting
+from ..rewrite.optimize import LEVELS as GRAPH_OPTIMIZATION_LEVELS
+from ..rewrite.wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, check_setting
 
 _FALSE = {"0", "false", "off", "no", ""}
 
@@ -57,12 +58,12 @@ class SessionOptions:
     capture_rerecord_limit: int = field(
         default_factory=lambda: int(os.environ.get("WORKBENCH_CAPTURE_RERECORD_LIMIT", "3") or 3))
     #: load-time graph rewrites, as onnxruntime's levels: "disabled", "basic",
-    #: "extended", "all" (WORKBENCH_GRAPH_OPTIMIZATION); see `executor.optimize`
+    #: "extended", "all" (WORKBENCH_GRAPH_OPTIMIZATION); see `rewrite.optimize`
     graph_optimization_level: str = field(
         default_factory=lambda: os.environ.get("WORKBENCH_GRAPH_OPTIMIZATION", "all"))
     #: the memory order level "all" gives a wide MatMul weight on a multithreaded
     #: OpenBLAS: "column-major", as every other, or "row-major", which some machines
-    #: read faster (WORKBENCH_WIDE_WEIGHT_LAYOUT); see `executor.wide_layout`
+    #: read faster (WORKBENCH_WIDE_WEIGHT_LAYOUT); see `rewrite.wide_layout`
     wide_weight_layout: str = field(
         default_factory=lambda: os.environ.get("WORKBENCH_WIDE_WEIGHT_LAYOUT", DEFAULT_WIDE_WEIGHT_LAYOUT))
     #: Stage 2 of the memo, the cached view plan: a replay reinstates validated views
@@ -93,7 +94,6 @@ class SessionOptions:
 
 
 SHADOW_MODES = ("off", "record", "raise")
-GRAPH_OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 
 
 def _shadow_mode(raw: str | bool | None) -> str:

@@ -1,6 +1,6 @@
 """ai.workbench MaskedSoftmaxAttention: the decomposed attention torch-style exports
 write out op by op, as one kernel (emitted by the load-time rule
-`executor.fusion_attention`; no model file carries it).
+`rewrite.fusion_attention`; no model file carries it).
 
 Inputs ``(Q, K, V, mask, scale, fill?)``, attributes ``kv_repeat`` (r >= 1) and
 ``mask_mode`` ("where" | "add"). It computes exactly what the chain it replaces

@@ -15,9 +15,9 @@ from ..dtypes import ort_type_string
 from ..errors import InputError, SessionBusyError
 from ..executor import Executor
 from ..executor.describe import plan_rows, value_rows
-from ..executor.optimize import optimize, rewrite_rows
 from ..ir import load_graph
 from ..ir.graph import Value
+from ..rewrite.optimize import optimize, rewrite_rows
 from ..trace import Recording
 from .io_binding import IOBinding
 from .options import RunOptions, SessionOptions

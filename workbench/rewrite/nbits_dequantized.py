@@ -29,7 +29,7 @@ from ..errors import KernelError
 from ..ir.graph import Graph, Node
 from ..ops.contrib_quant import CACHE_LIMIT_ELEMENTS, dequantize_nbits, nbits_layout, uses_int8_compute
 from .graph_edit import Rewrite, add_initializer, add_value, make_node
-from .plan import node_info
+from .kernel_info import node_info
 
 _F32 = np.dtype(np.float32)
 

@@ -24,7 +24,7 @@ Levels (named as onnxruntime's `GraphOptimizationLevel`): ``disabled``; ``basic`
 makes the rewrites above; ``extended`` and ``all`` also fold shape arithmetic at run
 time on decode-plan memo replays (`memo.shape_fold_nodes`: Shape -> Gather ->
 Unsqueeze -> Concat chains over invariant shapes, served from the reference step).
-``extended`` and ``all`` also run the fusion rules (`executor.fusion`): several nodes
+``extended`` and ``all`` also run the fusion rules (`rewrite.fusion`): several nodes
 replaced by fewer, faster ones computing the same values.
 Folding uses the workbench's own kernels, the ones a run would use, so a folded
 value is the value the unfolded graph computes.
@@ -50,14 +50,14 @@ from .huge_pages import (
     placing_weights,
     write_weight,
 )
+from .kernel_info import node_info
 from .matvec_threads import matvec_order, pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
-from .options import GRAPH_OPTIMIZATION_LEVELS
-from .plan import node_info
 from .weight_sharing import once
 from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, wide_weight_layout
 
-LEVELS = GRAPH_OPTIMIZATION_LEVELS
+#: the graph optimization levels (`SessionOptions.graph_optimization_level`), as onnxruntime names them
+LEVELS = ("disabled", "basic", "extended", "all")
 __all__ = ["LEVELS", "Rewrite", "check_level", "optimize", "rewrite_rows"]
 
 #: ops whose value is not a function of their inputs

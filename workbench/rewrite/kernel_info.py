@@ -1,0 +1,39 @@
+"""What a kernel is told about a node: an `ir` node as `ops`' `NodeInfo`.
+
+The one bridge from the graph to a kernel build. The executor's plan binds every
+node's kernel through it, and the load-time rules that run a kernel (constant
+folding, `nbits_dequantized`) build theirs through it too, so a value computed at
+load comes from the kernel a run would use, built from the same description.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..ir.graph import Graph, Node
+from ..ops.registry import NodeInfo
+
+SMALL_CONSTANT = 64  # elements: initializers this small are shown to kernel builders
+
+
+def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable | None) -> NodeInfo:
+    vals = graph.values
+    info = NodeInfo(
+        name=node.name, op_type=node.op_type, domain=node.domain,
+        opset=graph.opsets.get(node.domain, graph.opsets.get("", 1)),
+        attrs=node.attrs,
+        input_dtypes=tuple(vals[i].dtype if i >= 0 else None for i in node.inputs),
+        output_dtypes=tuple(vals[o].dtype if o >= 0 else None for o in node.outputs),
+        input_shapes=tuple(vals[i].shape if i >= 0 else None for i in node.inputs),
+        output_shapes=tuple(vals[o].shape if o >= 0 else None for o in node.outputs),
+        output_used=tuple(o >= 0 for o in node.outputs),
+        xp=xp, subgraphs=node.subgraphs,
+        constant_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
+                         if i in graph.initializers and graph.initializers[i].size <= SMALL_CONSTANT},
+        initializer_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
+                            if i in graph.initializers},
+    )
+    info.capture_names = tuple(vals[c].name for c in node.captures)
+    info.make_subgraph_runner = make_subgraph_runner
+    return info
