@@ -1,6 +1,10 @@
 """SessionOptions: every switch of the executor, mirrored by WORKBENCH_* variables.
 
 They live with the executor they switch (the session layer above re-exports them).
+The two settings of the load-time rewrites are checked by the layer that defines them
+(`rewrite.optimize.check_level`, `rewrite.wide_layout.check_setting`): options import
+them from below, as `executor` may import `rewrite`, and the rewrites never see
+`SessionOptions` (the session hands `optimize` the two values).
 
 An environment variable gives an option's default (`0`, `false`, `off`, `no`
 disable; anything else enables); a value passed explicitly always wins.
@@ -11,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..rewrite.optimize import LEVELS as GRAPH_OPTIMIZATION_LEVELS
+from ..rewrite.optimize import check_level
 from ..rewrite.wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, check_setting
 
 _FALSE = {"0", "false", "off", "no", ""}
@@ -81,11 +85,7 @@ class SessionOptions:
 
     def __post_init__(self) -> None:
         self.shadow = _shadow_mode(self.shadow)
-        level = str(self.graph_optimization_level).strip().lower()
-        if level not in GRAPH_OPTIMIZATION_LEVELS:
-            raise ValueError(f"graph_optimization_level must be one of {GRAPH_OPTIMIZATION_LEVELS}, "
-                             f"got {self.graph_optimization_level!r}")
-        self.graph_optimization_level = level
+        self.graph_optimization_level = check_level(self.graph_optimization_level)
         self.wide_weight_layout = check_setting(self.wide_weight_layout)
         if int(self.capture_rerecord_limit) < 0:
             raise ValueError(f"capture_rerecord_limit must be >= 0, got {self.capture_rerecord_limit!r}")

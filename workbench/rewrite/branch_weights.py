@@ -10,7 +10,9 @@ decoder's step ran 43 separate row-major products where the same graph unmerged 
 
 How: in a copy of each branch, the outer initializers it reads become its own (the
 same arrays: nothing is copied), the rules run on the copy as on a top-level graph,
-and the If stops capturing what its branches now hold. Both branches rewrite the same
+and the If stops capturing what its branches now hold. The invariant: a branch's own
+initializers are the very arrays its outer names resolved to, so each weight rule
+keeps its own invariant there as at the top level. Both branches rewrite the same
 arrays alike, and `weight_sharing` hands the second the very arrays the first got, so
 each rewritten weight is in memory once; the outer originals, read by nothing now, go
 when the If no longer captures them. Only an If of the top-level graph is taken (a

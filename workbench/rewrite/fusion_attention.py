@@ -10,7 +10,7 @@ Matched, ending at the last MatMul (K, V: the present key / value [B, Hkv, L, D]
 and replaced by one ``ai.workbench::MaskedSoftmaxAttention(Q, K, V, mask, scale, fill)``
 (`ops.fused_attention`) that keeps the last MatMul's output value. The shape arithmetic
 that only fed the repeats (Shape -> Gather -> Unsqueeze -> Concat) is removed with it.
-The kernel computes the very same ops (the same Where / Add, the same Softmax, the
+The invariant: the kernel computes the very same ops (the same Where / Add, the same Softmax, the
 masked fill constant as given), so the value is the chain's to float rounding, whatever
 the mask: a fully masked row stays uniform under Where(mask, s, -3.4e38) and NaN under
 an additive -inf mask. (The opset-23 Attention is not used: an additive mask

@@ -1,8 +1,9 @@
 """What the load-time rewrites share: the `Rewrite` record and a small graph editor.
 
-`optimize` (folding, dead nodes, layout) and the fusion rules (`fusion`) both edit a
-copy of the loaded `Graph` in place through these helpers, so new values, weights and
-nodes get unique names, consistent ids and the shapes the plan needs.
+Every rule edits the copy of the loaded `Graph` that `optimize` made, in place,
+through these helpers, so new values, weights and nodes get unique names, consistent
+ids and the shapes the plan needs; `read_values` / `readers` are what the rules mean
+by "read": node inputs, subgraph captures and the graph's outputs.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ MADV_HUGEPAGE and aligned to 2 MiB, filled one after another. The rules that wri
 weight at load anyway (`matmul_siblings`, `matvec_layout`, `matvec_threads`) allocate
 it there through `new_weight` while `placing_weights(arena)` is in effect, and this
 rule copies in the MatMul weights no rule rewrote (a wide lm_head kept row-major,
-still mapped from its file). Nothing about a weight changes but where its bytes
-live: the same values in the same layout. A padded weight's zero tail
+still mapped from its file). The invariant: nothing about a weight changes but where
+its bytes live: the same values in the same layout (and so the same strides). A padded weight's zero tail
 (`matvec_threads`) begins a 2 MiB page of their own that is never written, so it
 still reads as the kernel's shared zero page, resident nowhere; a padding with zero
 columns between two halves stays in the 4 KiB `ZeroPages` it was written to (a huge

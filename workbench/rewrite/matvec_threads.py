@@ -9,7 +9,7 @@ measured on this project's 2-core machine with weights out of cache, 576x790 at
 
 The rule gives such a weight (read only by MatMul, as B) zero columns up to the first
 width over the threshold and has a Slice take the real columns back: a zero-copy view,
-contiguous for one token. A zero column adds nothing to the others; each output is
+contiguous for one token. The invariant: a zero column adds nothing to the others; each output is
 still one dot product of the same row and column, so values move at most within the
 float rounding of the BLAS kernel's blocking. Only where that pays: numpy's BLAS is
 OpenBLAS with more than one thread, float32, and the padding adds at most 60%.

@@ -6,8 +6,8 @@ multiplies by it in float32 every call (`ops.contrib_quant`; onnxruntime's level
 compute in float32 too). As a plain MatMul the same product is what the MatMul rules
 after this one see: Q/K/V and gate/up fused into one product (`matmul_siblings`),
 weights padded past OpenBLAS's threading threshold, laid out for one-token products and
-placed in huge pages, as a float model's are. The dequantized weight is the kernel's
-own (`dequantize_nbits`), so the product changes only with those rules' summation
+placed in huge pages, as a float model's are. The invariant: the dequantized weight is
+the kernel's own (`dequantize_nbits`), so the product changes only with those rules' summation
 order, as theirs do. Measured on the small genai int4 llama, 2 cores, 20 rounds
 alternating with onnxruntime: 2.30 -> 1.94 of its per-token time. (onnxruntime
 streams the 4-bit weights themselves, which numpy cannot multiply by; dequantizing

@@ -8,6 +8,11 @@ through `once(key, sources, make, *args)`: the key names the rule and its parame
 sources are the arrays it reads (held until the context ends, so that their ids keep
 naming them); `made_before` says whether `once` would hand back an earlier result.
 Outside the context `once` just calls `make(*args)`.
+
+The invariant: a result is handed back only for the same key and the very same source
+arrays (by identity, held alive so an id cannot name another array), and a rule's
+result is a function of exactly those: its parameters and the bytes of the sources,
+which no rule writes. So the second branch gets the array it would have made.
 """
 
 from __future__ import annotations

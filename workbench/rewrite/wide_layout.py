@@ -28,7 +28,10 @@ is the layout every other MatMul weight gets, column-major, and
 `wide_weight_layout="row-major"` (WORKBENCH_WIDE_WEIGHT_LAYOUT=row-major) keeps wide
 weights as the file has them; `benchmarks/wide_layout.py` decodes with both on a
 machine. The order changes how a product sums, not what: values move within float
-rounding, as with any layout (`optimize._matvec_layout`).
+rounding, as with any layout (`matvec_layout`).
+
+A setting, not a rule: `optimize` puts it in effect for the rules it runs
+(`wide_weight_layout`), and `SessionOptions` checks a value with `check_setting`.
 """
 
 from __future__ import annotations
