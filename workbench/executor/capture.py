@@ -21,6 +21,7 @@ from ..ops.registry import replay_kernel
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
 from .memo import SHAPE_ARITHMETIC, SHAPE_FOLD_MAX_ELEMENTS, SHAPE_SOURCES
 from .shapes import symbols_in
+from .storage import ALIAS
 from .views import is_view_of
 
 _KV_NAME = re.compile(r"^(past|present)", re.IGNORECASE)
@@ -312,6 +313,12 @@ def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[in
             if o >= 0:
                 derived[o] = chain
     return derived
+
+
+def aliased_owners(storage: Any) -> frozenset[int]:
+    """The owners whose bytes some node overwrites in place (an ALIAS shares them): after
+    the step, such an owner's array holds the last writer's value, not its own."""
+    return frozenset(storage.owner[vid] for vid, kind in storage.storage.items() if kind == ALIAS)
 
 
 def small_enough_to_bake(shape: tuple | None) -> bool:

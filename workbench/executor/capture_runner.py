@@ -56,6 +56,7 @@ from .capture import (
     growing_symbols,
     node_decline,
     reads_only_baked,
+    aliased_owners,
     segment_plan,
     shape_derived_values,
     small_enough_to_bake,
@@ -147,9 +148,13 @@ class CaptureRunner:
         folded = frozenset(ex.baked_values())
         observed = cap.seen[1] if cap.seen is not None else ()
         copies = None if self.backend.capture_executes_work else cap.derived_host
+        # the warm-up's copies are taken after its step: a value whose bytes a later node
+        # overwrote in place (an ALIAS of the same owner) no longer holds its own value then
+        overwritten = aliased_owners(ex.state.storage) if copies is not None else frozenset()
+        owner = ex.state.storage.owner
         derived = {vid for vid in self.shape_derived
                    if vid not in cap.unbakeable and vid < len(observed) and small_enough_to_bake(observed[vid])
-                   and (copies is None or vid in copies)}
+                   and (copies is None or (vid in copies and owner.get(vid, vid) not in overwritten))}
         while True:
             baked = folded | derived | self.host_constants
             declines: dict[int, CaptureDecline] = {}
