@@ -73,19 +73,25 @@ _INT8_LARGEST_BLOCK = 256
 _ACCURACY_INT8 = 4
 
 
-def uses_int8_compute(info: NodeInfo) -> bool:
-    """Whether onnxruntime's CPU kernel would quantize A to int8 for this node (see the
-    module docstring for the conditions and why)."""
-    bits = int(info.attr("bits", 4))
-    block_size = int(info.attr("block_size", 0))
-    if int(info.attr("accuracy_level", 0)) != _ACCURACY_INT8:
+def int8_compute_layout(attrs: dict, zero_point_dtype: Any, has_g_idx: bool) -> bool:
+    """Whether a MatMulNBits of these attributes and inputs is computed in int8 when its
+    weights are initializers (`uses_int8_compute`; the load-time rewrites ask too)."""
+    bits = int(attrs.get("bits", 4))
+    block_size = int(attrs.get("block_size", 0))
+    if int(attrs.get("accuracy_level", 0)) != _ACCURACY_INT8:
         return False
     if block_size not in _INT8_BLOCK_SIZES.get(bits, ()) and not (bits in (4, 8) and block_size > _INT8_LARGEST_BLOCK):
         return False
-    dtypes = tuple(info.input_dtypes) + (None,) * 6
-    if dtypes[4] is not None:  # g_idx: unpacked path
+    if has_g_idx:  # g_idx: unpacked path
         return False
-    if dtypes[3] is not None and np.dtype(dtypes[3]) != np.uint8:  # float zero points
+    return zero_point_dtype is None or np.dtype(zero_point_dtype) == np.uint8  # float zero points: float32
+
+
+def uses_int8_compute(info: NodeInfo) -> bool:
+    """Whether onnxruntime's CPU kernel would quantize A to int8 for this node (see the
+    module docstring for the conditions and why)."""
+    dtypes = tuple(info.input_dtypes) + (None,) * 6
+    if not int8_compute_layout(info.attrs, dtypes[3], dtypes[4] is not None):
         return False
     # onnxruntime prepacks, and so takes this path, only for initializer B / scales / zero
     # points; a B fed at run time is computed in float32

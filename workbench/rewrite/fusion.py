@@ -6,6 +6,7 @@ fusions do), and is recorded as a `Rewrite` naming every node it replaced. Each 
 is its own module, whose docstring says what it matches and why the value stays:
 
 - ``matmul_siblings`` (`matmul_siblings`): MatMuls of one input as one MatMul + Split;
+- ``nbits_siblings`` (`nbits_siblings`): the same for MatMulNBits computed in int8;
 - ``layer_norm``, ``rms_norm``, ``gelu``, ``silu`` (`fusion_patterns`, one module each):
   elementwise chains as one node; one-token decode pays per node dispatched, and each
   saves 1 to 8 nodes a pattern; then the same four inside If / Loop / Scan bodies;
@@ -26,6 +27,7 @@ from ..ir.graph import Graph
 from . import fusion_attention, fusion_patterns
 from .graph_edit import Rewrite
 from .matmul_siblings import fuse_sibling_matmuls
+from .nbits_siblings import fuse_sibling_nbits
 
 __all__ = ["RULES", "fuse", "fuse_sibling_matmuls"]
 
@@ -37,5 +39,6 @@ def fuse(graph: Graph, release: dict | None, level: str) -> list[Rewrite]:
     return rewrites
 
 
-RULES: list[Callable[[Graph, dict | None, str], list[Rewrite]]] = [fuse_sibling_matmuls, *fusion_patterns.RULES,
+RULES: list[Callable[[Graph, dict | None, str], list[Rewrite]]] = [fuse_sibling_matmuls, fuse_sibling_nbits,
+                                                                    *fusion_patterns.RULES,
                                                                     *fusion_attention.RULES]
