@@ -55,15 +55,30 @@ const codeOf = async (model) => {
   const ref = String(model.get("_wb_code") || "");
   return model.widget_manager.get_model(ref.replace(/^IPY_MODEL_/, ""));
 };
+// plotly's view listens on the model for good: once its output is gone (a re-run cell),
+// an update still in flight redraws a purged plot and throws; with no view left, drop that
+const guarded = (model, views) => new Proxy(model, {
+  get(target, key) {
+    if (key !== "on") return Reflect.get(target, key);
+    return (name, cb, ...rest) => target.on(name, (...a) => {
+      try { return cb(...a); } catch (e) { if (views.live > 0) throw e; }
+    }, ...rest);
+  },
+});
 export default () => {
   let widget = null;
+  const views = { live: 0 };
   return {
     async initialize(ctx) {
       const mod = await load(await codeOf(ctx.model));
       widget = mod.default();
-      return widget.initialize(ctx);
+      return widget.initialize({ ...ctx, model: guarded(ctx.model, views) });
     },
-    render(ctx) { return widget.render(ctx); },
+    render(ctx) {
+      views.live += 1;
+      const cleanup = widget.render(ctx);
+      return () => { views.live -= 1; if (typeof cleanup === "function") cleanup(); };
+    },
   };
 };
 """

@@ -30,6 +30,10 @@ STYLE = ("<style>"
          "body[data-jp-theme-light='false'] .wb-tbl tr.wb-sel td{background:var(--jp-brand-color0,#1565c0);"
          "color:var(--jp-ui-inverse-font-color0,#fff)}"
          ".wb-view,.wb-workbench{max-width:100%;overflow-x:hidden}"
+         # ipywidgets gives HTML a button's line height (28 px): tables and details of many
+         # lines were twice as tall as their text (the Plan tab ~1,400 px at 1366x768)
+         ".wb-view .widget-html-content,.wb-workbench .widget-html-content{line-height:1.4}"
+         ".wb-tbl{line-height:1.35}"
          # a width:100% child plus ipywidgets' margins would be 4 px too wide (and cut off)
          ".wb-view>*,.wb-workbench>*,.wb-view .widget-box>*,.wb-workbench .widget-box>*{"
          "max-width:calc(100% - 2 * var(--jp-widgets-margin,2px))}"

@@ -79,7 +79,7 @@ class ViewAliasView(RecordingView):
             self.explain.value = ""
             return
         self.walk_fig.show(view_walk_figure(walk))  # the figure shortens the name, shape and strides below
-        self.explain.value = ("<div style='max-width:420px;padding-left:10px'>"
+        self.explain.value = ("<div style='max-width:420px;padding-left:10px;overflow-wrap:anywhere'>"
                               + "<br>".join(html.escape(s) for s in explain_walk(walk)) + "</div>")
 
     def _picked(self, change) -> None:

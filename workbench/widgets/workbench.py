@@ -28,6 +28,9 @@ from .view_alias_view import ViewAliasView
 
 __all__ = ["DecodeWorkbench"]
 
+#: the tallest a figure is inside the workbench (a laptop screen shows it with the header)
+FIGURE_HEIGHT = 400
+
 TABS = ("Plan", "Segmentation", "Memo & capture", "Views & aliases", "Liveness", "Summary", "Diagnostics")
 
 # JupyterLab's theme variables (light and dark themes), with light fallbacks elsewhere
@@ -98,10 +101,10 @@ class DecodeWorkbench(W.VBox):
         self.controls = StepControl(self.cursor, lock=self.lock,
                                     token_text=(lambda t: piece_of(tokenizer, t)) if tokenizer is not None else None)
         self.node_pick = W.Dropdown(options=[("(no node selected)", -1)] + PlanModel(self.frames).options(),
-                                    value=-1, description="node", layout=W.Layout(width="560px"))
+                                    value=-1, description="node", layout=W.Layout(width="420px", max_width="45%"))
         self.node_pick.add_class("wb-node-pick")
         self.progress = W.IntProgress(min=0, max=max_new_tokens, description="decode",
-                                      layout=W.Layout(display="none" if generator is None else None))
+                                      layout=W.Layout(width="260px", display="none" if generator is None else None))
         self.tokens = StepHTML()  # its highlight shown together with the plot of its step
         self.tokens.add_class("wb-tokens")
         # the views render when _cursor_changed says so: after the step label (the control's
@@ -114,7 +117,7 @@ class DecodeWorkbench(W.VBox):
         self.summary.add_class("wb-summary")
         self.diagnostics = DiagnosticsView(self.frames, compare=compare, active=False, **kw)
         self.search = W.Text(placeholder="find a node or value by name", continuous_update=False,
-                             layout=W.Layout(width="300px"))
+                             layout=W.Layout(width="260px"))
         self.search.add_class("wb-search")
         self.search_hits = W.Dropdown(options=[], layout=W.Layout(width="420px", display="none"))
         self.search_label = W.HTML()
@@ -136,10 +139,15 @@ class DecodeWorkbench(W.VBox):
         # its first plot and steps against; empty when the widget replays a recording
         self.clock = W.HTML(layout=W.Layout(display="none"))
         self.clock.add_class("wb-live-clock")
-        wrap = W.Layout(flex_flow="row wrap", width="100%")
-        super().__init__([title, self.clock, self.tokens, self.controls,
-                          W.HBox([self.node_pick, self.progress, self.why_slow], layout=wrap),
-                          W.HBox([self.search, self.search_hits, self.search_label], layout=wrap), self.tabs],
+        # a laptop screen (1366x768): the header takes ~5 rows, so a tab's plot is on screen
+        # with it; figures at most FIGURE_HEIGHT px, the plan table a page of 12 rows
+        for holder in _holders([*self.views, self.diagnostics]):
+            holder.max_height = min(holder.max_height or FIGURE_HEIGHT, FIGURE_HEIGHT)
+        self.views[0].table.size = 12
+        wrap = W.Layout(flex_flow="row wrap", width="100%", align_items="center")
+        super().__init__([W.HBox([title, self.progress], layout=wrap), self.clock, self.tokens, self.controls,
+                          W.HBox([self.node_pick, self.search, self.search_hits, self.why_slow, self.search_label],
+                                 layout=wrap), self.tabs],
                          layout=W.Layout(width="100%", max_width="100%"))
         self.add_class("wb-workbench")
         self.node_pick.observe(self._node_picked, names="value")
@@ -263,7 +271,7 @@ class DecodeWorkbench(W.VBox):
                 view._changed()
 
     def _render_summary(self) -> None:
-        self.summary.value = frame_html(summary_frame(self.frames, summary(self.frames)))
+        self.summary.value = summary_html(summary_frame(self.frames, summary(self.frames)))
 
     # -- shortcuts
     @property
@@ -278,6 +286,23 @@ class DecodeWorkbench(W.VBox):
     def select_node(self, plan_index: int) -> None:
         with self.lock:
             self.cursor.select_node(plan_index)
+
+
+def _holders(views) -> list:
+    from .figure import FigureHolder
+
+    return [w for v in views for w in vars(v).values() if isinstance(w, FigureHolder)]
+
+
+def summary_html(df) -> str:
+    """The Summary tab: one small table per section, flowing into as many columns as fit
+    (one long table was the tallest tab: ~1,400 px at 1366x768)."""
+    parts = []
+    for section, rows in df.groupby("section", sort=False):
+        parts.append(f"<div style='break-inside:avoid;margin-bottom:8px'><b>{html.escape(str(section))}</b>"
+                     f"{frame_html(rows[['metric', 'text']].reset_index(drop=True), wrap=['metric', 'text'])}"
+                     "</div>")
+    return f"<div class='wb-summary-sections' style='columns:2 420px;column-gap:16px'>{''.join(parts)}</div>"
 
 
 def tokens_html(strip: dict, synthetic: bool = False, error: BaseException | None = None,
