@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
+from .ort_float32 import logistic
 from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 MS_DOMAIN = "com.microsoft"
@@ -159,10 +160,24 @@ _SQRT_HALF = 0.7071067811865476
 
 @register("QuickGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
 def build_quick_gelu(info: NodeInfo) -> KernelFn:
-    """y = x * sigmoid(alpha * x)."""
+    """y = x * sigmoid(alpha * x).
+
+    float32 on the host, as onnxruntime's CPU kernel computes it, bit for bit:
+    t = alpha * x in float32 (skipped where alpha is 1), MLAS's logistic of t
+    (`ort_float32.logistic`; clamped to [0, 1] where alpha is 1, MLAS's SiLU kernel),
+    times x. Other dtypes and backends: x / (1 + exp(-alpha x))."""
     xp = info.xp
     dtype = out_dtype(info)
     alpha = float(info.attr("alpha", 1.702))
+    as_onnxruntime = xp is np and dtype == F32
+    #: onnxruntime's kernel: alpha x in float32, skipped where alpha is 1 (its SiLU)
+    silu = alpha == 1.0
+    scale = np.float32(alpha)
+
+    def as_onnxruntime_into(x: Any, out: Any) -> tuple:
+        """onnxruntime's arithmetic (float32 x, `out` a float32 array or None)."""
+        t = x if silu else np.multiply(x, scale)
+        return (np.multiply(x, logistic(t, upper_clamp=silu), out=out),)
 
     def in_place(x: Any, out: Any, minus_alpha: Any, one: Any) -> tuple:
         """x / (1 + exp(-alpha x)), in four passes over one buffer (the load-time SiLU
@@ -175,6 +190,8 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
 
     def run(inputs: list, outs: list) -> tuple:
         x = inputs[0]
+        if as_onnxruntime:
+            return as_onnxruntime_into(x if x.dtype == F32 else x.astype(F32), outs[0])
         ct = compute_dtype(x.dtype)
         if x.dtype == ct and dtype == ct:
             out = outs[0] if outs[0] is not None else xp.empty(x.shape, ct)
@@ -187,11 +204,14 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
         return (emit(outs[0], v * sig, dtype, like=x),)
 
     def replay_form(inputs: list, outs: list) -> Any:
-        """The four passes on these arrays, where the output is preallocated in x's dtype."""
+        """`run`'s computation on these arrays, where the output is preallocated in x's
+        dtype."""
         x, out = inputs[0], outs[0]
         ct = compute_dtype(x.dtype)
         if out is None or x.dtype != ct or dtype != ct:
             return None
+        if as_onnxruntime:
+            return lambda ins, outs_: as_onnxruntime_into(x, out)
         minus_alpha, one = ct.type(-alpha), ct.type(1.0)
         return lambda ins, outs_: in_place(x, out, minus_alpha, one)
 

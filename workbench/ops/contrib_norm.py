@@ -9,6 +9,13 @@ Optional outputs, as onnxruntime's CPU kernel produces them: ``mean`` and
 ``mean`` is all zeros) and ``input_skip_bias_sum`` (the sum, in the input dtype).
 Like onnxruntime, the variance is ``E[x^2] - E[x]^2`` and half inputs are summed and
 normalised in float32 (the sum output is rounded, the normalisation is not).
+
+SkipSimplifiedLayerNormalization rounds as onnxruntime's CPU kernel does, bit for bit
+given the same inputs: the squares summed left to right in the compute dtype
+(`ort_float32.sequential_sum`; onnxruntime's scalar loop, no fma), then
+``sqrt(sum / hidden + epsilon)`` and ``sum / that * gamma`` (a division, then a
+product). SkipLayerNormalization keeps numpy's pairwise sums (onnxruntime's differ
+from both; not matched yet).
 """
 
 from __future__ import annotations
@@ -20,16 +27,19 @@ import numpy as np
 
 from ..addresses import SameArrays
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
+from .ort_float32 import sequential_sum
 from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 
-def row_rms(row: np.ndarray, consts: tuple, ct: np.dtype) -> Any:
-    """sqrt(mean(row²) + eps) of one host row, as a scalar of the compute dtype `ct`:
-    the squares summed by one dot product (a decode step's norms run cold, after a
-    weight product, where each numpy call costs several microseconds), the rest in
+def row_rms(row: np.ndarray, scratch: np.ndarray, consts: tuple, ct: np.dtype) -> Any:
+    """sqrt(mean(row²) + eps) of one host row, as a scalar of the compute dtype `ct`,
+    rounded as onnxruntime's kernel rounds it: the squares (into `scratch`, a row of
+    `ct` that may be the output's buffer) summed left to right in `ct`, the rest in
     `ct`'s arithmetic (a float64 sqrt rounded to float32 is float32's sqrt).
     `consts`: (row length, eps) as scalars of `ct`."""
-    return ct.type(math.sqrt(np.dot(row, row) / consts[0] + consts[1]))
+    np.multiply(row, row, out=scratch)
+    np.add.accumulate(scratch, out=scratch)
+    return ct.type(math.sqrt(scratch[-1] / consts[0] + consts[1]))
 
 
 def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
@@ -39,7 +49,9 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     sum_dtype = out_dtype(info, 3)
     wanted = tuple(_wanted(info, index, [None] * 4) for index in range(4))
     if xp is np:
-        row_sum = np.add.reduce
+        # the simplified norm sums left to right, as onnxruntime does; the other keeps
+        # numpy's pairwise sums
+        row_sum = _sequential_sum if simplified else np.add.reduce
     else:
         def row_sum(a: Any, axis: int, keepdims: bool) -> Any:
             return xp.sum(a, axis=axis, keepdims=keepdims)
@@ -57,7 +69,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
 
     def normalize_row(gamma: Any, flat: Any, s_flat: Any, consts: tuple, ct: np.dtype, results: tuple) -> list:
         """`one_row` once the sum is in place."""
-        np.divide(s_flat, row_rms(s_flat, consts, ct), out=flat)
+        np.divide(s_flat, row_rms(s_flat, flat, consts, ct), out=flat)
         np.multiply(flat, gamma, out=flat, dtype=ct)
         return list(results)
 
@@ -99,7 +111,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
             # one row (decode), as `normalize_row` computes it
             y = np.empty(s.shape, ct) if y is None else y
             flat, s_flat = y.reshape(-1), s.reshape(-1)
-            denom = row_rms(s_flat, consts, ct)
+            denom = row_rms(s_flat, flat, consts, ct)
             np.divide(s_flat, denom, out=flat)
             if gamma.ndim == 1:
                 np.multiply(flat, gamma, out=flat, dtype=ct)
@@ -145,6 +157,11 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         return None if plan is None else lambda ins, outs_: one_row(*plan)
 
     return with_replay_form(run, replay_form)
+
+
+def _sequential_sum(a: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+    """`row_sum` for the simplified norm on the host: over the last axis, left to right."""
+    return sequential_sum(a)
 
 
 def _wanted(info: NodeInfo, index: int, outs: list) -> bool:

@@ -11,7 +11,8 @@ Semantics follow the ONNX spec and onnx.reference:
 - Pow keeps the base's dtype, computing mixed dtypes in numpy's promoted type;
 - Max/Min propagate NaN; Relu is max(x, 0);
 - float16 activations built from several steps are computed in float32 and
-  rounded once, as onnxruntime's CPU kernels do.
+  rounded once, as onnxruntime's CPU kernels do;
+- float32 Sigmoid on the host is MLAS's logistic, as onnxruntime computes it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ALL_PLAIN, FLOATS, NUMERIC, SIGNED_INTS, UNSIGNED_INTS
+from .ort_float32 import logistic
 from .registry import KernelFn, NodeInfo, register, ufunc_kernel
 
 F16 = np.dtype(np.float16)
@@ -227,6 +229,9 @@ def where(info: NodeInfo) -> KernelFn:
 
 @register("Sigmoid", since=6, dtypes=FLOATS, may_run_in_place=True)
 def sigmoid(info: NodeInfo) -> KernelFn:
+    """float32 (and float16, through float32) on the host: MLAS's logistic, the
+    rational approximation onnxruntime's CPU kernel computes, bit for bit
+    (`ort_float32.logistic`); float64 and other backends: 1 / (1 + exp(-x))."""
     xp = info.xp
 
     def compute(x: Any, out: Any) -> Any:
@@ -236,7 +241,12 @@ def sigmoid(info: NodeInfo) -> KernelFn:
         out += 1
         return xp.reciprocal(out, out=out)
 
-    return _widening_half(info, compute)
+    def compute_as_onnxruntime(x: Any, out: Any) -> Any:
+        if x.dtype != F32:
+            return compute(x, out)
+        return logistic(x, out=out)
+
+    return _widening_half(info, compute_as_onnxruntime if xp is np else compute)
 
 
 def _erf_function(xp: Any) -> Callable[..., Any]:

@@ -14,6 +14,13 @@ are normalised in float32 and rounded once at the end; float64 inputs keep float
 (LayerNormalization's Mean and InvStdDev, SimplifiedLayerNormalization's
 inv_std_var) have the stash dtype and shape x.shape[:axis] + (1,) * (rank - axis).
 SimplifiedLayerNormalization's Y has the dtype of `scale` (onnxruntime's type V).
+
+The RMS norms on float32 (x, scale and stash all float32, on the host) round as
+onnxruntime's CPU kernel does, bit for bit given the same inputs (its AVX2 / FMA
+path): rows of 16 or more elements sum their squares in 8 fma lanes
+(`ort_float32.sum_of_squares_fma8`), then ``inv = 1 / sqrt(sum / n + epsilon)`` and
+``y = (x * inv) * scale``; shorter rows sum left to right without fma and divide,
+``y = x / sqrt(...) * scale``. On float64 both sum left to right and divide.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ import numpy as np
 from onnx import helper
 
 from ..dtypes import FLOATS
+from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8
 from .registry import KernelFn, NodeInfo, register
 
 F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
 
 
 def _emit(out: Any, value: Any, dtype: np.dtype) -> Any:
@@ -135,17 +144,50 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
     axes_for = _trailing_axes(info)
     want_inv = _wanted(info, 1)
     inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
+    as_onnxruntime = xp is np and compute in (F32, F64)
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]
-        inv_rms = _inverse_rms(xp, x, axes_for(x.ndim), epsilon, compute)
-        y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
-        y *= scale
+        axes = axes_for(x.ndim)
+        if as_onnxruntime and x.dtype == compute and scale.dtype == compute and x.size:
+            y, inv_rms = _rms_norm_as_onnxruntime(x, scale, axes, epsilon, _work_buffer(outs[0], compute))
+        else:
+            inv_rms = _inverse_rms(xp, x, axes, epsilon, compute)
+            y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
+            y *= scale
         results = [_emit(outs[0], y, y_dtype_of(x, scale))]
         if len(outs) > 1:
             results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
         return results
     return run
+
+
+def _rms_norm_as_onnxruntime(x: np.ndarray, scale: np.ndarray, axes: tuple, epsilon: Any,
+                             out: np.ndarray | None) -> tuple:
+    """(y, inv_rms) as onnxruntime's CPU kernel rounds them (module docstring), for x
+    and scale of one float dtype; y into `out` where given."""
+    dtype = x.dtype
+    rows_shape = x.shape[:len(x.shape) - len(axes)]
+    n = int(np.prod(x.shape[len(rows_shape):], dtype=np.int64))
+    rows = x.reshape(-1, n)
+    count = dtype.type(n)
+    y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, dtype)
+    if dtype == F32 and n >= FMA8_MIN_ROW:
+        denom = sum_of_squares_fma8(rows)
+        denom /= count
+        denom += epsilon
+        np.sqrt(denom, out=denom)
+        inv = np.divide(dtype.type(1), denom)
+        np.multiply(rows, inv, out=y.reshape(rows.shape))
+    else:
+        denom = sequential_sum(np.multiply(rows, rows))
+        denom /= count
+        denom += epsilon
+        np.sqrt(denom, out=denom)
+        inv = np.divide(dtype.type(1), denom)
+        np.divide(rows, denom, out=y.reshape(rows.shape))
+    y *= scale
+    return y, inv.reshape(rows_shape + (1,) * len(axes))
 
 
 @register("RMSNormalization", since=23, dtypes=FLOATS)

@@ -1,0 +1,217 @@
+"""Float32 arithmetic in the order and rounding of onnxruntime's CPU kernels.
+
+A float32 decode that requantizes activations per block (MatMulNBits at
+accuracy_level 4) turns one ulp of difference in a norm or an activation into a
+different int8 value, so the kernels feeding it compute what onnxruntime's do, bit
+for bit, given the same inputs (on x86-64 with AVX2 / FMA, where the facts below were
+read and measured):
+
+- `sequential_sum`: a row's sum accumulated left to right in the row's dtype, each
+  addition rounded (the scalar loops of onnxruntime's SkipLayerNormalization family
+  and of its LayerNormalization / SimplifiedLayerNormalization below 16 elements).
+- `sum_of_squares_fma8`: onnxruntime's vectorised sum of squares for rows of 16 or
+  more (SimplifiedLayerNormalization): 8 float32 lanes, element i into lane i % 8,
+  each lane ``fma(x, x, lane)`` (one rounding per step); lanes folded 8 -> 4 (lane l
+  plus lane l + 4), 4 -> 2 (l plus l + 2), 2 -> 1; then, when 4 or more elements are
+  left, the next 4 as plain float32 ``s + x*x`` (the square rounded, then the sum);
+  the rest ``s = fma(x, x, s)``.
+- `logistic`: MLAS's logistic (``MlasComputeLogistic``, the FMA3 kernel): x clamped
+  to [-18, 18]; p = x * (((a9 x² + a7) x² + a5) x² + a3) x² + a1) and
+  q = ((((b10 x² + b8) x² + b6) x² + b4) x² + b2) x² + b0, every step one fused
+  multiply-add; p / q + 0.5, clamped below at 0 (and above at 1 where
+  ``upper_clamp``: MLAS's SiLU kernel, which QuickGelu with alpha 1 calls, clamps
+  both ends; the logistic kernel lets 20 inputs near 18 reach 1 + 2^-23).
+
+A float32 fma is computed as float64: the product of two float32 values is exact in
+float64, and the float64 sum rounded to float32 is the fma's result unless that sum
+was itself rounded onto a point halfway between two float32 values (double rounding).
+Every such sum is kept and checked at the end (`_any_halfway`); where one is
+halfway, the affected elements are recomputed with exact rational arithmetic
+(`_fma32_exact`), so the result is the correctly rounded fma in every case. (For sums
+below float32's normal range, ~1e-38, the check does not apply; no norm or
+activation reaches those.)
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+#: float64 bits below float32's last mantissa bit (53 - 24 = 29 of them), and the
+#: pattern of a value exactly halfway between two float32 neighbours
+_LOW29 = np.uint64((1 << 29) - 1)
+_HALF29 = np.uint64(1 << 28)
+
+
+def _any_halfway(sums: np.ndarray) -> np.ndarray:
+    """Per element of the float64 `sums` (C-contiguous), whether it lies exactly
+    halfway between two float32 values (for values in float32's normal range)."""
+    bits = sums.view(np.uint64)
+    return np.equal(np.bitwise_and(bits, _LOW29), _HALF29)
+
+
+def _round32(value: Fraction) -> np.float32:
+    """The exact rational `value` rounded to the nearest float32 (ties to even)."""
+    near = float(value)  # correctly rounded to float64
+    if Fraction(near) != value and bool(_any_halfway(np.array([near]))[0]):
+        # float64 rounded onto a float32 halfway point: step one float64 ulp back
+        # towards the exact value, so float32 rounding goes the way the exact value does
+        near = float(np.nextafter(near, np.inf if value > Fraction(near) else -np.inf))
+    return np.float32(near)
+
+
+def _fma32_exact(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    """fma(a, b, c) in float32, computed exactly: one rounding of a * b + c."""
+    if not (np.isfinite(a) and np.isfinite(b) and np.isfinite(c)):
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+    return _round32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+
+# --- sums --------------------------------------------------------------------------
+
+
+def sequential_sum(values: np.ndarray) -> np.ndarray:
+    """The sum over the last axis, left to right, each addition rounded in `values`'
+    dtype; keeps the axis (shape ``values.shape[:-1] + (1,)``)."""
+    return np.add.accumulate(values, axis=-1)[..., -1:]
+
+
+#: a row of at least this many elements takes the 8-lane fma sum of squares
+FMA8_MIN_ROW = 16
+
+
+def sum_of_squares_fma8(x: np.ndarray) -> np.ndarray:
+    """Per row of the float32 2-D `x` (rows, n) with n >= 16: the sum of squares as
+    onnxruntime's vectorised loop rounds it (module docstring); shape (rows, 1)."""
+    rows, n = x.shape
+    steps = n // 8
+    body = steps * 8
+    squares = np.square(x[:, :body].reshape(rows, steps, 8), dtype=F64)  # exact
+    squares = np.ascontiguousarray(squares.transpose(1, 0, 2))  # (steps, rows, 8)
+    lanes = np.zeros((rows, 8), F32)
+    # each step's float64 sum is kept in `squares` itself (overwriting the square it
+    # consumed) for the double-rounding check
+    for k in range(steps):
+        total = squares[k]
+        np.add(total, lanes, out=total)
+        lanes[...] = total
+    halfway = bool(_any_halfway(squares).any())
+    if halfway:
+        lanes = _exact_lanes(x[:, :body].reshape(rows, steps, 8))
+    four = lanes[:, :4] + lanes[:, 4:]
+    two = four[:, :2] + four[:, 2:]
+    s = two[:, :1] + two[:, 1:]
+    j = body
+    if n - j >= 4:
+        for k in range(j, j + 4):
+            s += np.square(x[:, k:k + 1])
+        j += 4
+    if j < n:
+        s = _fma_tail(x[:, j:], s)
+    return s
+
+
+def _exact_lanes(blocks: np.ndarray) -> np.ndarray:
+    """The 8 fma lanes of `sum_of_squares_fma8`, each step rounded exactly (the rare
+    path, where a float64 sum fell halfway between two float32 values)."""
+    rows, steps, _ = blocks.shape
+    lanes = np.zeros((rows, 8), F32)
+    for r in range(rows):
+        for lane in range(8):
+            acc = np.float32(0)
+            for k in range(steps):
+                v = blocks[r, k, lane]
+                acc = _fma32_exact(v, v, acc)
+            lanes[r, lane] = acc
+    return lanes
+
+
+def _fma_tail(tail: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """`s = fma(x, x, s)` over the columns of `tail` (rows, < 4), in order."""
+    sums = np.empty((tail.shape[1],) + s.shape, F64)
+    acc = s.copy()
+    for k in range(tail.shape[1]):
+        np.add(np.square(tail[:, k:k + 1], dtype=F64), acc, out=sums[k])
+        acc[...] = sums[k]
+    if bool(_any_halfway(sums).any()):
+        acc = s.copy()
+        for r in range(acc.shape[0]):
+            a = acc[r, 0]
+            for k in range(tail.shape[1]):
+                v = tail[r, k]
+                a = _fma32_exact(v, v, a)
+            acc[r, 0] = a
+    return acc
+
+
+# --- logistic ------------------------------------------------------------------------
+
+_LOWER, _UPPER = np.float32(-18.0), np.float32(18.0)
+_ALPHA = [np.float32(v) for v in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+                                  8.51377133304701e-03, 2.48287947061529e-01)]  # a9, a7, a5, a3, a1
+_BETA = [np.float32(v) for v in (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+                                 1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)]  # b10 .. b0
+#: the p and q chains side by side: their first step's multiplier and addend, then
+#: the addends of the three steps both chains take; q's last addend (b0) apart
+_FIRST_MUL = np.array([[_ALPHA[0]], [_BETA[0]]], F64)
+_FIRST_ADD = np.array([[_ALPHA[1]], [_BETA[1]]], F64)
+_NEXT_ADD = [np.array([[_ALPHA[i + 1]], [_BETA[i + 1]]], F64) for i in range(1, 4)]
+_HALF, _ZERO, _ONE = np.float32(0.5), np.float32(0.0), np.float32(1.0)
+
+
+def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = False) -> np.ndarray:
+    """MLAS's logistic of the float32 array `x` (module docstring), into `out` (a
+    float32 array of x's shape, may be x itself) or a new array."""
+    shape = x.shape
+    flat = np.ascontiguousarray(x).reshape(-1)
+    v = np.clip(flat, _LOWER, _UPPER)
+    v2 = np.square(v)
+    w = v2.astype(F64)
+    n = flat.shape[0]
+    # sums[k] holds step k's float64 sums (row 0: p's chain, row 1: q's); sums[4, 0]
+    # stays zero (p has one step fewer)
+    sums = np.zeros((5, 2, n), F64)
+    chains = np.empty((2, n), F32)
+    np.multiply(w, _FIRST_MUL, out=sums[0])
+    np.add(sums[0], _FIRST_ADD, out=sums[0])
+    chains[...] = sums[0]
+    for k, addend in enumerate(_NEXT_ADD, start=1):
+        np.multiply(w, chains, out=sums[k])
+        np.add(sums[k], addend, out=sums[k])
+        chains[...] = sums[k]
+    last = sums[4, 1]
+    np.multiply(w, chains[1], out=last)
+    np.add(last, _BETA[5], out=last)
+    q = chains[1]
+    q[...] = last
+    halfway = _any_halfway(sums).any(axis=(0, 1))
+    p = chains[0]
+    np.multiply(p, v, out=p)
+    if bool(halfway.any()):
+        for i in np.flatnonzero(halfway):
+            p[i], q[i] = _exact_pq(v[i], v2[i])
+    result = np.divide(p, q, out=p)
+    result += _HALF
+    np.maximum(result, _ZERO, out=result)
+    if upper_clamp:
+        np.minimum(result, _ONE, out=result)
+    result = result.reshape(shape)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _exact_pq(v: np.float32, v2: np.float32) -> tuple:
+    """One element's p and q with each fma rounded exactly (the rare path)."""
+    p = _fma32_exact(v2, _ALPHA[0], _ALPHA[1])
+    for a in _ALPHA[2:]:
+        p = _fma32_exact(v2, p, a)
+    q = _fma32_exact(v2, _BETA[0], _BETA[1])
+    for b in _BETA[2:]:
+        q = _fma32_exact(v2, q, b)
+    return np.float32(p * v), q
