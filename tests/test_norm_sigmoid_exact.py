@@ -176,12 +176,13 @@ def test_fma_double_rounding_is_caught_and_rounded_exactly():
     route64 = np.float64(a) * np.float64(b) + np.float64(c)
     assert np.float32(route64) == np.float32(2.0 ** 24 + 4)
     assert bool(ort_float32._any_halfway(np.array([route64]))[0])
-    assert ort_float32._fma32_exact(a, b, c) == np.float32(2.0 ** 24 + 2)
+    assert ort_float32.fma32(np.array([a]), np.array([b]), np.array([c]))[0] == np.float32(2.0 ** 24 + 2)
+    assert ort_float32.fma32(a, b, np.float32(2.0 ** 24 + 4)) == np.float32(2.0 ** 24 + 4)  # not halfway
     assert not bool(ort_float32._any_halfway(np.array([np.float64(2.0 ** 24 + 4)]))[0])
 
 
 def test_exact_rare_path_gives_the_same_results(monkeypatch):
-    """With every float64 sum taken for halfway, the rational-arithmetic path runs for
+    """With every float64 sum taken for halfway, the exact path (`fma32`) runs for
     every element and row: it computes the same bits as onnxruntime."""
     r = np.random.default_rng(5)
     monkeypatch.setattr(ort_float32, "_any_halfway", lambda sums: np.ones(sums.shape, bool))

@@ -177,7 +177,8 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
     def as_onnxruntime_into(x: Any, out: Any) -> tuple:
         """onnxruntime's arithmetic (float32 x, `out` a float32 array or None)."""
         t = x if silu else np.multiply(x, scale)
-        return (np.multiply(x, logistic(t, upper_clamp=silu), out=out),)
+        with np.errstate(invalid="ignore"):  # -inf * 0 is NaN, as onnxruntime's kernel gives
+            return (np.multiply(x, logistic(t, upper_clamp=silu), out=out),)
 
     def in_place(x: Any, out: Any, minus_alpha: Any, one: Any) -> tuple:
         """x / (1 + exp(-alpha x)), in four passes over one buffer (the load-time SiLU

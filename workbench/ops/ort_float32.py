@@ -26,17 +26,17 @@ A float32 fma is computed as float64: the product of two float32 values is exact
 float64, and the float64 sum rounded to float32 is the fma's result unless that sum
 was itself rounded onto a point halfway between two float32 values (double rounding).
 Every such sum is kept and checked at the end (`_any_halfway`); where one is
-halfway, the affected elements are recomputed with exact rational arithmetic
-(`_fma32_exact`), so the result is the correctly rounded fma in every case. (For sums
+halfway, the chain is recomputed with each fma rounded once (`fma32`: two-sum's
+exact error decides a halfway sum), so the result is the correctly rounded fma in every case. (For sums
 below float32's normal range, ~1e-38, the check does not apply; no norm or
 activation reaches those.)
 """
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
+
+from .registry import numpy_any
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -47,28 +47,33 @@ _LOW29 = np.uint64((1 << 29) - 1)
 _HALF29 = np.uint64(1 << 28)
 
 
-def _any_halfway(sums: np.ndarray) -> np.ndarray:
-    """Per element of the float64 `sums` (C-contiguous), whether it lies exactly
+def _halfway(sums: np.ndarray) -> np.ndarray:
+    """Per element of the float64 `sums`, whether it lies exactly
     halfway between two float32 values (for values in float32's normal range)."""
     bits = sums.view(np.uint64)
     return np.equal(np.bitwise_and(bits, _LOW29), _HALF29)
 
 
-def _round32(value: Fraction) -> np.float32:
-    """The exact rational `value` rounded to the nearest float32 (ties to even)."""
-    near = float(value)  # correctly rounded to float64
-    if Fraction(near) != value and bool(_any_halfway(np.array([near]))[0]):
-        # float64 rounded onto a float32 halfway point: step one float64 ulp back
-        # towards the exact value, so float32 rounding goes the way the exact value does
-        near = float(np.nextafter(near, np.inf if value > Fraction(near) else -np.inf))
-    return np.float32(near)
+#: the guard the fast paths check (a test can force the exact path through it)
+_any_halfway = _halfway
 
 
-def _fma32_exact(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    """fma(a, b, c) in float32, computed exactly: one rounding of a * b + c."""
-    if not (np.isfinite(a) and np.isfinite(b) and np.isfinite(c)):
-        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
-    return _round32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Elementwise fma(a, b, c) of float32 arrays, rounded once (the rare path, where a
+    float64 sum fell halfway). a * b is exact in float64; Knuth's two-sum gives the
+    float64 sum s and its exact error e (s + e is a * b + c exactly). Rounding s to
+    float32 is right unless s is a halfway point with e nonzero: then s moves one
+    float64 ulp towards e's side first, off the halfway point, so the tie goes the
+    way the exact value lies. Infinities and NaNs go through as the float64 sum does."""
+    product = np.multiply(a, b, dtype=F64)
+    addend = np.positive(c, dtype=F64)
+    total = product + addend
+    back = total - addend
+    error = (product - back) + (addend - (total - back))
+    with np.errstate(invalid="ignore"):  # inf - inf in the error term of a non-finite sum
+        nudge = _halfway(total) & (error != 0) & np.isfinite(total)
+    total = np.where(nudge, np.nextafter(total, np.where(error > 0, np.inf, -np.inf)), total)
+    return total.astype(F32)
 
 
 # --- sums --------------------------------------------------------------------------
@@ -91,7 +96,7 @@ def sum_of_squares_fma8(x: np.ndarray) -> np.ndarray:
     steps = n // 8
     body = steps * 8
     squares = np.square(x[:, :body].reshape(rows, steps, 8), dtype=F64)  # exact
-    squares = np.ascontiguousarray(squares.transpose(1, 0, 2))  # (steps, rows, 8)
+    squares = squares.transpose(1, 0, 2).copy()  # (steps, rows, 8), C-contiguous
     lanes = np.zeros((rows, 8), F32)
     # each step's float64 sum is kept in `squares` itself (overwriting the square it
     # consumed) for the double-rounding check
@@ -99,8 +104,7 @@ def sum_of_squares_fma8(x: np.ndarray) -> np.ndarray:
         total = squares[k]
         np.add(total, lanes, out=total)
         lanes[...] = total
-    halfway = bool(_any_halfway(squares).any())
-    if halfway:
+    if numpy_any(_any_halfway(squares)):
         lanes = _exact_lanes(x[:, :body].reshape(rows, steps, 8))
     four = lanes[:, :4] + lanes[:, 4:]
     two = four[:, :2] + four[:, 2:]
@@ -116,17 +120,12 @@ def sum_of_squares_fma8(x: np.ndarray) -> np.ndarray:
 
 
 def _exact_lanes(blocks: np.ndarray) -> np.ndarray:
-    """The 8 fma lanes of `sum_of_squares_fma8`, each step rounded exactly (the rare
-    path, where a float64 sum fell halfway between two float32 values)."""
+    """The 8 fma lanes of `sum_of_squares_fma8`, each step rounded once (`fma32`)."""
     rows, steps, _ = blocks.shape
     lanes = np.zeros((rows, 8), F32)
-    for r in range(rows):
-        for lane in range(8):
-            acc = np.float32(0)
-            for k in range(steps):
-                v = blocks[r, k, lane]
-                acc = _fma32_exact(v, v, acc)
-            lanes[r, lane] = acc
+    for k in range(steps):
+        step = blocks[:, k]
+        lanes = fma32(step, step, lanes)
     return lanes
 
 
@@ -137,14 +136,11 @@ def _fma_tail(tail: np.ndarray, s: np.ndarray) -> np.ndarray:
     for k in range(tail.shape[1]):
         np.add(np.square(tail[:, k:k + 1], dtype=F64), acc, out=sums[k])
         acc[...] = sums[k]
-    if bool(_any_halfway(sums).any()):
-        acc = s.copy()
-        for r in range(acc.shape[0]):
-            a = acc[r, 0]
-            for k in range(tail.shape[1]):
-                v = tail[r, k]
-                a = _fma32_exact(v, v, a)
-            acc[r, 0] = a
+    if numpy_any(_any_halfway(sums)):
+        acc = s
+        for k in range(tail.shape[1]):
+            column = tail[:, k:k + 1]
+            acc = fma32(column, column, acc)
     return acc
 
 
@@ -167,7 +163,7 @@ def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = F
     """MLAS's logistic of the float32 array `x` (module docstring), into `out` (a
     float32 array of x's shape, may be x itself) or a new array."""
     shape = x.shape
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = x.reshape(-1)  # a copy where x is not contiguous
     v = np.clip(flat, _LOWER, _UPPER)
     v2 = np.square(v)
     w = v2.astype(F64)
@@ -188,12 +184,10 @@ def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = F
     np.add(last, _BETA[5], out=last)
     q = chains[1]
     q[...] = last
-    halfway = _any_halfway(sums).any(axis=(0, 1))
+    if numpy_any(_any_halfway(sums)):
+        chains[0], chains[1] = _exact_pq(v2)
     p = chains[0]
     np.multiply(p, v, out=p)
-    if bool(halfway.any()):
-        for i in np.flatnonzero(halfway):
-            p[i], q[i] = _exact_pq(v[i], v2[i])
     result = np.divide(p, q, out=p)
     result += _HALF
     np.maximum(result, _ZERO, out=result)
@@ -206,12 +200,12 @@ def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = F
     return out
 
 
-def _exact_pq(v: np.float32, v2: np.float32) -> tuple:
-    """One element's p and q with each fma rounded exactly (the rare path)."""
-    p = _fma32_exact(v2, _ALPHA[0], _ALPHA[1])
+def _exact_pq(v2: np.ndarray) -> tuple:
+    """p's chain (before its last multiply by x) and q, every fma rounded once (`fma32`)."""
+    p = fma32(v2, _ALPHA[0], _ALPHA[1])
     for a in _ALPHA[2:]:
-        p = _fma32_exact(v2, p, a)
-    q = _fma32_exact(v2, _BETA[0], _BETA[1])
+        p = fma32(v2, p, a)
+    q = fma32(v2, _BETA[0], _BETA[1])
     for b in _BETA[2:]:
-        q = _fma32_exact(v2, q, b)
-    return np.float32(p * v), q
+        q = fma32(v2, q, b)
+    return p, q

@@ -247,6 +247,14 @@ def numpy_first_int(array: np.ndarray) -> int:
     return int(array.item(0))  # host-ok: numpy's recorded launches re-run the kernel
 
 
+def numpy_any(array: np.ndarray) -> bool:
+    """Whether any element of a host (numpy) array is true, for a kernel's numpy-only
+    path (a rare exact branch). Sound while recording, as `numpy_first_int` is."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"numpy_any takes a numpy array, got {type(array).__name__}")
+    return bool(array.any())  # host-ok: numpy's recorded launches re-run the kernel
+
+
 class recording_launches:
     """Context manager marking that kernel launches are being recorded for `label`.
 
