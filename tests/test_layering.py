@@ -18,18 +18,19 @@ ALLOWED = {
     "errors": set(),
     "dtypes": set(),
     "reasons": set(),
+    "tables": set(),  # the generic trace tables' columns: written below trace, read above
     "addresses": set(),
     "ir": {"errors", "dtypes", "reasons"},
     "backend": {"errors", "dtypes", "reasons", "addresses"},
     "ops": {"errors", "dtypes", "reasons", "addresses"},
     "rewrite": {"errors", "dtypes", "reasons", "addresses", "ir", "ops", "backend"},
-    "executor": {"errors", "dtypes", "reasons", "addresses", "ir", "ops", "backend", "rewrite"},
-    "trace": {"errors", "dtypes", "reasons"},
-    "session": {"errors", "dtypes", "reasons", "ir", "backend", "rewrite", "executor", "trace"},
-    "decode": {"errors", "dtypes", "reasons", "session"},
+    "executor": {"errors", "dtypes", "reasons", "tables", "addresses", "ir", "ops", "backend", "rewrite"},
+    "trace": {"errors", "dtypes", "reasons", "tables"},
+    "session": {"errors", "dtypes", "reasons", "tables", "ir", "backend", "rewrite", "executor", "trace"},
+    "decode": {"errors", "dtypes", "reasons", "tables", "session"},
     "models": {"errors", "dtypes", "reasons"},
-    "reports": {"errors", "dtypes", "reasons", "trace"},
-    "widgets": {"errors", "dtypes", "reasons", "trace", "reports", "decode"},
+    "reports": {"errors", "dtypes", "reasons", "tables", "trace"},
+    "widgets": {"errors", "dtypes", "reasons", "tables", "trace", "reports", "decode"},
 }
 
 

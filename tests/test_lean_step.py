@@ -24,8 +24,9 @@ from oracles import tensor as _tensor
 import workbench
 from workbench import Generator, Recording, SessionOptions, models
 from workbench.addresses import owned_addresses
-from workbench.executor.io_rows import IO_COLUMNS, IoRows
+from workbench.executor.io_rows import IoRows
 from workbench.executor.views import KnownAddresses, address, storage_root
+from workbench.tables import IO_BUFFERS_COLUMNS
 
 RUNS = 8
 OPSET = [helper.make_opsetid("", 17)]
@@ -35,11 +36,12 @@ PROMPT = [3, 7, 11, 5]
 def _forget(session):
     """Drop what the executor kept from earlier steps to make the next step's rows cheap."""
     ex = session.executor
-    ex._liveness.clear()
+    trace = ex.step_trace
+    trace.liveness_rows.clear()
     ex.addresses.clear()
-    ex.capture_runner._segment_rows.clear()
-    ex._memo_summary = None
-    ex._io_rows = IoRows()
+    trace.segment_rows.clear()
+    trace.memo_summary = None
+    trace.io_rows = IoRows()
 
 
 def _check_io_addresses(session):
@@ -47,7 +49,7 @@ def _check_io_addresses(session):
     the rows served from `KnownAddresses` must be where the arrays are (a step's fresh
     output often gets the id of the last step's, freed one)."""
     ex = session.executor
-    emit = ex._emit_io_buffers
+    emit = ex.step_trace.io_buffers
     checked = []
 
     def emit_and_check(rec, feeds, bound, env):
@@ -59,7 +61,7 @@ def _check_io_addresses(session):
         assert [(r[2], r[4]) for r in rows] == want, f"step {rec.current_step}"
         checked.append(len(want))
 
-    ex._emit_io_buffers = emit_and_check
+    ex.step_trace.io_buffers = emit_and_check
     return checked
 
 
@@ -263,7 +265,7 @@ def test_a_decode_loop_records_what_a_fresh_step_records(flavor, export):
     patched = [patch for _, _, patch in lean.recording._lv_pending if patch is not None]
     assert patched, "growing steps pass their last rows with an nbytes patch"
     if (lean.recording.capture_events().event == "replay").any():  # (optimum's merged graph: no capture)
-        watched = lean.executor._liveness[lean.executor.state.name]
+        watched = lean.executor.step_trace.liveness_rows[lean.executor.state.name]
         assert watched._watching is watched._watch_replay, "replays of the same graphs compare only the rest"
     _assert_same_recording(lean, fresh)
     lv = lean.recording.liveness()
@@ -357,7 +359,7 @@ def test_io_rows_are_read_for_new_arrays_and_skip_positions_without_one():
     for k, arrays in enumerate(steps):
         got = io.block(layout, arrays, addresses)
         assert list(got) == _expected_io_rows(layout, arrays), f"step {k}"
-        assert len(got) == len(list(got)) and all(len(row) == len(IO_COLUMNS) for row in got)
+        assert len(got) == len(list(got)) and all(len(row) == len(IO_BUFFERS_COLUMNS) for row in got)
         if k == 2:
             assert got is last, "the same arrays again give the last block itself"
         last = got

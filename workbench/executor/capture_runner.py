@@ -51,25 +51,16 @@ from .capture import (
     CapturedGraph,
     LaunchRecorder,
     SlotCapture,
+    aliased_owners,
     binding_signature,
     external_inputs,
     growing_symbols,
     node_decline,
-    reads_only_baked,
-    aliased_owners,
     segment_plan,
     shape_derived_values,
     small_enough_to_bake,
 )
-
-#: columns of a capture_segments row (after step)
-SEGMENT_COLUMNS = ("slot", "segment", "first_node", "last_node", "node_count", "kind", "state")
-#: a capture_events row, in the column order every other emission of that table has
-REPLAY_EVENT_COLUMNS = ("slot", "segment", "event", "reason", "duration_s")
-#: a branch_capture row: an If branch run as a graph of its own (`Executor._emit_branch`),
-#: then `branch_fields`
-BRANCH_COLUMNS = ("slot", "plan_index", "node", "branch", "nodes", "replayed_nodes", "replayed_us",
-                  "captures", "replays", "retires", "seams")
+from .step_trace import StepTrace
 
 
 class CaptureRunner:
@@ -99,8 +90,8 @@ class CaptureRunner:
         self._seam_summary: tuple = (None, "")
         self.control_flow_outputs = {
             o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
-        #: (slot, state, whole plan) -> (the segments list they describe, the rows, plan size)
-        self._segment_rows: dict[tuple, tuple[Any, tuple, int]] = {}
+        #: where the capture tables' rows are written (`step_trace`)
+        self.trace: StepTrace = executor.step_trace
 
     # -- deciding ------------------------------------------------------------------
 
@@ -266,7 +257,7 @@ class CaptureRunner:
         if disabled is not None:
             run_nodes(range(len(self.plan.nodes)))
             if rec is not None:
-                self._emit_disabled(rec, slot, disabled)
+                self.trace.disabled(rec, slot, disabled)
             return "off"
         action = cap.next_action(steady, self.ex.shape_fold_pending())
         if action == "warm_up":
@@ -285,7 +276,7 @@ class CaptureRunner:
         cap.warm = True  # this eager run is the warm-up the next capture trusts
         self.observe(cap, bindings)
         if rec is not None:
-            self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+            self.trace.segments(rec, slot, cap, "eager", whole_plan=True)
         return "eager"
 
     def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
@@ -357,20 +348,18 @@ class CaptureRunner:
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs, time.perf_counter() - t0,
                                                       buffers, owners=owners, views=views, symbols=revealed)
                 if rec is not None:
-                    rec.add_row("capture_events", slot=slot, segment=seg.index, event="capture",
-                                reason="warm step seen; recording", duration_s=time.perf_counter() - t0)
+                    StepTrace.captured(rec, slot, seg.index, time.perf_counter() - t0)
         except CaptureViolation as violation:
             # a kernel read the host while recording: keep exactly that node's op eager
             self._abort(backend, backend_graph, cap)
             failed = self.plan.nodes[violation.plan_index].node
             self.quarantined.add((failed.domain, failed.op_type))
             if rec is not None:
-                rec.add_row("capture_events", slot=slot, segment=-1, event="quarantine",
-                            reason=f"{failed.op_type} ({failed.name}): {violation}", duration_s=0.0)
+                StepTrace.quarantined(rec, slot, f"{failed.op_type} ({failed.name}): {violation}")
             return self._eager_instead(cap, run_nodes, rec, slot, bindings, "capture_failed", str(violation))
         except KernelError as error:  # a genuine kernel bug: it names its node, and the step fails
             self._abort(backend, backend_graph, cap)
-            self._log_retire(rec, slot, "kernel_error", str(error))
+            StepTrace.retired(rec, slot, "kernel_error", str(error))
             raise
         except MechanismDivergenceError:  # shadow="raise" in a seam's subgraph: the finding, not a capture failure
             self._abort(backend, backend_graph, cap)
@@ -381,16 +370,16 @@ class CaptureRunner:
                                        f"{type(error).__name__}: {error}")
         cap.captures += 1
         if rec is not None:
-            self._emit_baked(rec, slot, cap, baked)
-            self._emit_segments(rec, slot, cap, "captured")
-            self._emit_declines(rec, slot, cap)
+            self.trace.baked(rec, slot, cap, baked, self.host_constants)
+            self.trace.segments(rec, slot, cap, "captured")
+            self.trace.declines(rec, slot, cap)
         return "capture"
 
     def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         ex = self.ex
         env = self.env
         replayed = []
-        events: list = []  # the replay rows' fields, one segment after another (`_replay_events`)
+        events: list = []  # the replay rows' fields, one segment after another (`StepTrace.replay_events`)
         node_log = rec.node_log() if rec is not None else None  # each segment's node rows, without a call
         clock = self.clock
         for pos, seg in enumerate(cap.segments):
@@ -401,7 +390,7 @@ class CaptureRunner:
             why = captured.mismatch(env, ex.state.dispatch, self.graph, ex.state.bound_slots, self.control_flow_outputs)
             if why is not None:
                 self._replayed_views(cap, replayed, rec)
-                self._replay_events(rec, events)
+                StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
             if rec is not None:  # a host backend's clock read directly, as for an eager node
                 timer = clock() if clock is not None else self.backend.start_timer()
@@ -410,7 +399,7 @@ class CaptureRunner:
                 captured.replay(self.backend, env, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, rec)
-                self._replay_events(rec, events)
+                StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
             self.replayed_s += time.perf_counter() - t0
@@ -425,8 +414,8 @@ class CaptureRunner:
         cap.replays += 1
         self._replayed_views(cap, replayed, rec)
         if rec is not None:
-            self._replay_events(rec, events)
-            self._emit_segments(rec, slot, cap, "replayed")
+            StepTrace.replay_events(rec, events)
+            self.trace.segments(rec, slot, cap, "replayed")
         return "replay"
 
     def branch_fields(self) -> tuple:
@@ -456,13 +445,6 @@ class CaptureRunner:
             kept = cap.replay_outputs = (key, frozenset(vid for g in cap.graphs.values() for vid in g.outputs))
         return kept[1]
 
-    @staticmethod
-    def _replay_events(rec: Any, events: list) -> None:
-        """A step's capture_events replay rows, one per segment replayed, as one block:
-        the rows of one `add_row` call each, after the step's replayed node rows."""
-        if rec is not None and events:
-            rec.add_flat_rows("capture_events", REPLAY_EVENT_COLUMNS, tuple(events))
-
     def _replayed_views(self, cap: SlotCapture, replayed: list[CapturedGraph], rec: Any) -> None:
         """The zero-copy views the replayed segments restored, at once: each pins its
         owner, and the trace gets the pin and view rows an eager step would give. Worked
@@ -481,15 +463,7 @@ class CaptureRunner:
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
         cap.retire()
-        self._log_retire(rec, slot, reason, detail, segment)
-
-    @staticmethod
-    def _log_retire(rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
-        """A retire row: `segment` is the one whose check failed (-1: the whole slot's
-        graphs, for a reason no single segment caused)."""
-        if rec is not None:
-            rec.add_row("capture_events", slot=slot, segment=segment, event="retire",
-                        reason=f"{reason}: {detail}", duration_s=0.0)
+        StepTrace.retired(rec, slot, reason, detail, segment)
 
     @staticmethod
     def _abort(backend: Any, backend_graph: Any, cap: SlotCapture) -> None:
@@ -501,7 +475,7 @@ class CaptureRunner:
     def _eager_instead(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int],
                        reason: str, detail: str) -> str:
         """The recording failed: log why, and complete the step eagerly."""
-        self._log_retire(rec, slot, reason, detail)
+        StepTrace.retired(rec, slot, reason, detail)
         return self._finish_eagerly(cap, range(len(self.plan.nodes)), run_nodes, rec, slot, bindings)
 
     def _rest_eagerly(self, cap: SlotCapture, pos: int, run_nodes: Any, rec: Any, slot: str,
@@ -530,29 +504,10 @@ class CaptureRunner:
         run_nodes(nodes)
         self.observe(cap, bindings)
         if rec is not None:
-            self._emit_segments(rec, slot, cap, "eager", whole_plan=True)
+            self.trace.segments(rec, slot, cap, "eager", whole_plan=True)
         return "eager"
 
-    # -- recording ---------------------------------------------------------------------
-
-    def _emit_segments(self, rec: Any, slot: str, cap: SlotCapture, state: str, whole_plan: bool = False) -> None:
-        """The step's segment rows; the same every step the segments and state are."""
-        plan = self.plan
-        whole_plan = whole_plan or not cap.segments
-        key = (slot, state, whole_plan)
-        cached = self._segment_rows.get(key)
-        if cached is not None and cached[0] is cap.segments and (not whole_plan or cached[2] == len(plan.nodes)):
-            rec.add_rows("capture_segments", SEGMENT_COLUMNS, cached[1])
-            return
-        if whole_plan:
-            n = len(plan.nodes)
-            rows = ((slot, 0, 0, n - 1, n, "eager", "eager"),)
-        else:
-            rows = tuple((slot, seg.index, seg.first, seg.last, len(seg.nodes), seg.kind,
-                          state if seg.kind == "captured" else "eager") for seg in cap.segments)
-        # segments are made whole by `segment_plan` and replaced, never edited, afterwards
-        self._segment_rows[key] = (cap.segments, rows, len(plan.nodes))
-        rec.add_rows("capture_segments", SEGMENT_COLUMNS, rows)
+    # -- checking bakes ------------------------------------------------------------------
 
     def _moved_since_warm_up(self, cap: SlotCapture, inputs: list[int]) -> str | None:
         """Why the warm-up step's host copies of shape arithmetic may not be baked into
@@ -574,43 +529,3 @@ class CaptureRunner:
         to_host, copies, env = self.backend.to_host, cap.derived_host, self.env
         made = [o for k in seg.nodes for o in self.plan.nodes[k].outputs if o in cap.derived]
         return [vid for vid in made if not np.array_equal(to_host(env[vid]), copies[vid])]
-
-    def _emit_baked(self, rec: Any, slot: str, cap: SlotCapture, baked: dict[int, tuple]) -> None:
-        """A capture_events row for each captured node that reads baked values on the host."""
-        plan, values = self.plan, self.graph.values
-        folded = frozenset(baked)
-        every = folded | cap.derived | self.host_constants
-        rows = []
-        for seg in cap.segments:
-            if seg.kind != "captured":
-                continue
-            for k in seg.nodes:
-                p = plan.nodes[k]
-                if not p.capture.supported and reads_only_baked(p, every):
-                    read = [p.inputs[i] for i in p.capture.host_inputs if i < len(p.inputs) and p.inputs[i] >= 0]
-                    what = ("validated shape-fold values, the same at every replay"
-                            if all(v in folded or v in self.host_constants for v in read)
-                            else "shape arithmetic computed inside the captured segments, fixed by the "
-                                 "input shapes every replay checks")
-                    rows.append((slot, seg.index, "bake",
-                                 f"{p.node.op_type} ({p.node.name}) reads "
-                                 f"{', '.join(values[v].name for v in read)} on the host: {what}, taken as constants",
-                                 0.0))
-        if rows:
-            rec.add_rows("capture_events", REPLAY_EVENT_COLUMNS, tuple(rows))
-
-    def _emit_declines(self, rec: Any, slot: str, cap: SlotCapture) -> None:
-        plan = self.plan
-        segment_of = {k: seg.index for seg in cap.segments for k in seg.nodes}
-        for d in cap.declines:
-            node = plan.nodes[d.plan_index].node
-            rec.add_row("capture_declines", slot=slot, segment=segment_of.get(d.plan_index, -1),
-                        plan_index=d.plan_index, node=node.name, op_type=node.op_type, domain=node.domain,
-                        reason=d.reason, detail=d.detail, symbols=list(d.symbols))
-
-    def _emit_disabled(self, rec: Any, slot: str, why: str) -> None:
-        n = len(self.plan.nodes)
-        rec.add_row("capture_segments", slot=slot, segment=0, first_node=0, last_node=n - 1,
-                    node_count=n, kind="eager", state="eager")
-        rec.add_row("capture_declines", slot=slot, segment=0, plan_index=-1, node="", op_type="",
-                    domain="", reason="capture_disabled", detail=why, symbols=[])

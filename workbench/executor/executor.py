@@ -19,9 +19,7 @@ from ..errors import AllocationError, InputError, KernelError, MechanismDivergen
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
 from .capture import SlotCapture
-from .capture_runner import BRANCH_COLUMNS, CaptureRunner
-from .io_rows import IO_COLUMNS, IoRows, io_layout
-from .liveness_rows import LivenessRows
+from .capture_runner import CaptureRunner
 from .memo import MemoStats
 from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
@@ -29,6 +27,7 @@ from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
 from .shapes import SymbolBinder, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
+from .step_trace import StepTrace
 from .storage import ALIAS, VIEW, plan_storage
 from .views import KnownAddresses, address, is_view_of
 
@@ -89,6 +88,8 @@ class Executor(DecodeMemoSteps):
         self.recording: Any = None
         #: addresses of the arrays this step and the last read (staleness checks, views, io rows)
         self.addresses = KnownAddresses()
+        #: every trace row the executor writes, and what they keep from step to step
+        self.step_trace = StepTrace(self.plan, graph, self.addresses)
         self.capture_runner = CaptureRunner(self)
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
@@ -98,22 +99,6 @@ class Executor(DecodeMemoSteps):
         self._observed: dict[int, tuple] = {}
         #: plan index of a view node -> (its source input, its runtime parameter inputs)
         self._view_params: dict[int, tuple[int, tuple[int, ...]]] = {}
-        #: slot name -> the last liveness rows emitted for it and what they were made from
-        self._liveness: dict[str, LivenessRows] = {}
-        #: what liveness rows need not re-read each step: all but layout nodes' outputs
-        #: keep the storage plan's owner; initializers keep their arrays
-        self._view_vids = tuple(o for p in self.plan.nodes if p.spec.produces_view for o in p.outputs if o >= 0)
-        self._fixed_vids = frozenset(graph.initializers) - set(graph.inputs)
-        #: the graph outputs not bound by the caller, per (ordered) set of bound outputs
-        self._unbound_outputs: dict[tuple, tuple[int, ...]] = {}
-        #: the last step's io_buffers block (handed again while its numbers hold); the
-        #: (value, role) positions per set of feeds and bound outputs
-        self._io_rows = IoRows()
-        self._io_layouts: dict[tuple, tuple] = {}
-        #: (memo, its varying set, the memo row's fields of them) for `_emit_memo_row`
-        self._memo_summary: tuple | None = None
-        #: id of an If branch's graph -> (the If's plan index, node name, branch name)
-        self._branch_nodes: dict[int, tuple] = {}
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -303,9 +288,12 @@ class Executor(DecodeMemoSteps):
         self.memo_stats.dispatch_elided += len(reinstated)
         self.memo_stats.views_reused += views_reused
         if rec is not None:
-            self._emit_memo_row(rec, phase, slot, action, reason, resolve_s, len(reinstated), views_reused)
-            self._emit_liveness(rec, env, released, pinned, capture_mode)
-            self._emit_io_buffers(rec, feeds, bound, env)
+            trace = self.step_trace
+            trace.memo(rec, self.state, self.memo_state(), phase, slot, action, reason, resolve_s,
+                       len(reinstated), views_reused)
+            replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
+            trace.liveness(rec, self.state, env, self._owners, released, pinned, replayed)
+            trace.io_buffers(rec, feeds, bound, env)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
             first = divergences[0]
@@ -360,14 +348,8 @@ class Executor(DecodeMemoSteps):
         found = self.shadow.compare(self, env, reference_env, mechanisms,
                                     "decode_memo" if action == "replayed" else "storage")
         if rec is not None:
-            rec.add_row("shadow", slot=slot, checked=True, divergences=len(found),
-                        mechanisms=sorted(set(mechanisms.values()) | ({"decode_memo"} if action == "replayed"
-                                                                     else set())))
-            for d in found:
-                rec.add_row("divergences", slot=slot, plan_index=d.plan_index, node=d.node,
-                            op_type=d.op_type, value=d.value, mechanism=d.mechanism,
-                            max_abs_err=d.max_abs_err, shape_expected=list(d.shape_expected or ()),
-                            shape_got=list(d.shape_got or ()))
+            self.step_trace.shadow(rec, slot, found, sorted(set(mechanisms.values()) | (
+                {"decode_memo"} if action == "replayed" else set())))
         return found
 
     def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
@@ -535,30 +517,6 @@ class Executor(DecodeMemoSteps):
                 owners = self._owners = dict(owners)
             owners[vid] = owner
 
-    def _emit_liveness(self, rec: Any, env: list, released: dict[int, int], pinned: set[int],
-                       capture_mode: str) -> None:
-        """One row per value of the storage plan (see `liveness_rows`)."""
-        sp = self.state.storage
-        rows = self._liveness.get(self.state.name)
-        if rows is None or rows.storage is not sp:
-            rows = self._liveness[self.state.name] = LivenessRows(sp, self._view_vids, self._fixed_vids)
-        replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
-        rows.emit(rec, env, self._owners, self.state.buffers, released, pinned, replayed)
-
-    def _emit_io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
-        """Where this step's caller-facing arrays live: every feed, bound output and graph
-        output, with the buffer underneath (a KV past may be a view of a bigger cache),
-        so reports can tell a cache that moved or was copied from one grown in place."""
-        key = tuple(bound)
-        outputs = self._unbound_outputs.get(key)
-        if outputs is None:
-            outputs = self._unbound_outputs[key] = tuple(v for v in self.graph.outputs if v not in bound)
-        layout = self._io_layouts.get((tuple(feeds), key))
-        if layout is None:
-            layout = self._io_layouts[(tuple(feeds), key)] = io_layout(feeds, bound, outputs)
-        arrays = (*feeds.values(), *bound.values(), *map(env.__getitem__, outputs))
-        rec.add_rows("io_buffers", IO_COLUMNS, self._io_rows.block(layout, arrays, self.addresses))
-
     def output_for_caller(self, vid: int) -> Any:
         """Graph output `vid` of the last run as the caller gets it: a host copy, or the
         run's own buffer where the executor is done with it. A growing KV cache's present
@@ -675,7 +633,8 @@ class Executor(DecodeMemoSteps):
                 try:
                     child.run(feeds, slot=self.state.name)
                     if self.recording is not None:
-                        self._emit_branch(graph, child)
+                        self.step_trace.branch(self.recording, self.state.name, graph,
+                                               child.capture_runner.branch_fields())
                 except InputError:
                     # the shapes declared for the values it reads (inferred, or a model's
                     # own value_info) disagree with what arrives, which binding symbols
@@ -689,16 +648,6 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
-
-    def _emit_branch(self, graph: Graph, child: Executor) -> None:
-        """A `branch_capture` row for the If branch `child` just ran: what its captured
-        segments replayed, which reports fold into the If's own time."""
-        where = self._branch_nodes.get(id(graph))
-        if where is None:
-            k = next(p.index for p in self.plan.nodes if any(g is graph for g in p.node.subgraphs.values()))
-            where = self._branch_nodes[id(graph)] = (k, self.plan.nodes[k].node.name, graph.name)
-        self.recording.add_flat_rows("branch_capture", BRANCH_COLUMNS,
-                                     (self.state.name, *where, *child.capture_runner.branch_fields()))
 
 
 def in_place_pair(p: PlanNode, slot_and_position: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..addresses import owned_addresses
+from ..tables import IO_BUFFERS_COLUMNS
 from .views import KnownAddresses
 
-IO_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")
-NUMBERS = len(IO_COLUMNS) - 2  # a row's numbers: all but value id and role
+NUMBERS = len(IO_BUFFERS_COLUMNS) - 2  # a row's numbers: all but value id and role
 _NBYTES = operator.attrgetter("nbytes")
 
 
@@ -94,6 +94,6 @@ class IoRows:
 
 def io_layout(feeds: dict[int, Any], bound: dict[int, Any], outputs: tuple[int, ...]) -> tuple:
     """(value id, role) of each position: the feeds, the bound outputs, then the unbound
-    graph outputs, as `Executor._emit_io_buffers` lists their arrays."""
+    graph outputs, as `StepTrace.io_buffers` lists their arrays."""
     return (*((vid, "feed") for vid in feeds), *((vid, "bound_output") for vid in bound),
             *((vid, "output") for vid in outputs))

@@ -31,10 +31,6 @@ from .plan import PlanNode
 from .shapes import resolve
 from .views import address, is_view_of
 
-#: the memo table's columns, as `_emit_memo_row` gives them
-MEMO_COLUMNS = ("slot", "phase", "action", "reason", "varying", "invariant_values", "variant_values",
-                "resolve_ms", "stage2", "views_reused", "dispatch_elided", "mismatch_streak")
-
 
 def bound_signature(bound: dict[int, Any]) -> tuple:
     """Identity of the caller's output buffers: value, address, shape, strides, dtype."""
@@ -372,17 +368,3 @@ class DecodeMemoSteps:
         if rec is not None:
             rec.node(p.index, "elided", 0.0)
         return True
-
-    def _emit_memo_row(self, rec: Any, phase: str, slot: str, action: str, reason: str,
-                       resolve_s: float, elided: int, views_reused: int) -> None:
-        memo = self.state.memo
-        varying = memo.varying if memo is not None else None
-        summary = self._memo_summary
-        if summary is None or summary[0] is not memo or summary[1] is not varying:
-            # the memo's own fields, worked out once per memo (a new memo is a new object;
-            # the check on `varying` catches that set replaced on the same memo)
-            fields = ([], 0, 0) if memo is None else (sorted(varying), len(memo.invariant), len(memo.variant))
-            summary = self._memo_summary = (memo, varying, fields)
-        rec.add_flat_rows("memo", MEMO_COLUMNS, (
-            slot, phase, action, reason, *summary[2], resolve_s * 1e3,
-            self.memo_state(), views_reused, elided, self.state.stage2_streak))

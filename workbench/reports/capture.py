@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ..tables import CAPTURE_DECLINES_COLUMNS, CAPTURE_SEGMENTS_COLUMNS
 from .source import Frames, as_frames
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,9 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["as_of", "by_reason", "capture_events", "declines_at", "segment_of_nodes", "segments_at",
            "static_verdicts"]
 
-SEGMENT_COLUMNS = ["step", "slot", "segment", "first_node", "last_node", "node_count", "kind", "state"]
-DECLINE_COLUMNS = ["step", "slot", "segment", "plan_index", "node", "op_type", "domain", "reason",
-                   "detail", "symbols"]
+#: a segment plan's / a decline's frame: the step, then the row as written (`workbench.tables`)
+SEGMENT_COLUMNS = ["step", *CAPTURE_SEGMENTS_COLUMNS]
+DECLINE_COLUMNS = ["step", *CAPTURE_DECLINES_COLUMNS]
 
 
 def as_of(frame: pd.DataFrame, step: int, slot: str | None) -> pd.DataFrame:

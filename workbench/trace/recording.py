@@ -37,6 +37,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkbenchError
+from ..tables import (
+    CAPTURE_DECLINES_COLUMNS,
+    CAPTURE_EVENTS_COLUMNS,
+    CAPTURE_SEGMENTS_COLUMNS,
+    DIVERGENCES_COLUMNS,
+    MEMO_COLUMNS,
+    SHADOW_COLUMNS,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -784,9 +792,7 @@ class Recording:
         """
         import pandas as pd
 
-        columns = ["step", "slot", "phase", "action", "reason", "varying", "invariant_values",
-                   "variant_values", "resolve_ms", "stage2", "views_reused", "dispatch_elided",
-                   "mismatch_streak"]
+        columns = ["step", *MEMO_COLUMNS]
         if "memo" not in self._generic:
             return pd.DataFrame(columns=columns)
         return self.table("memo")[columns]
@@ -803,31 +809,25 @@ class Recording:
         """One row per segment per step and slot: `step, slot, segment, first_node,
         last_node, node_count, kind` (captured/eager), `state` (captured/replayed/
         retired/eager). A step that ran fully eager shows one eager segment."""
-        return self._named_table("capture_segments", [
-            "step", "slot", "segment", "first_node", "last_node", "node_count", "kind", "state"])
+        return self._named_table("capture_segments", ["step", *CAPTURE_SEGMENTS_COLUMNS])
 
     def capture_declines(self) -> pd.DataFrame:
         """Why each seam node is not captured: `step, slot, segment, plan_index, node,
         op_type, domain, reason, detail, symbols`. Rows are written when a slot's plan
         is segmented (its capture step); `reason` codes are documented in
         `workbench.reasons.DECLINE_REASONS`."""
-        return self._named_table("capture_declines", [
-            "step", "slot", "segment", "plan_index", "node", "op_type", "domain", "reason",
-            "detail", "symbols"])
+        return self._named_table("capture_declines", ["step", *CAPTURE_DECLINES_COLUMNS])
 
     def capture_events(self) -> pd.DataFrame:
         """`step, slot, segment, event` (capture/replay/retire/quarantine), `reason, duration_s`."""
-        return self._named_table("capture_events", [
-            "step", "slot", "segment", "event", "reason", "duration_s"])
+        return self._named_table("capture_events", ["step", *CAPTURE_EVENTS_COLUMNS])
 
     def divergences(self) -> pd.DataFrame:
         """What shadow verification (`SessionOptions.shadow`) found: one row per value a
         mechanism served differently from eager execution: `step, slot, plan_index,
         node, op_type, value, mechanism` (decode_memo, view_plan, capture_replay,
         if_skip, storage), `max_abs_err, shape_expected, shape_got`. Empty in a sound run."""
-        return self._named_table("divergences", [
-            "step", "slot", "plan_index", "node", "op_type", "value", "mechanism", "max_abs_err",
-            "shape_expected", "shape_got"])
+        return self._named_table("divergences", ["step", *DIVERGENCES_COLUMNS])
 
     def rewrites(self) -> pd.DataFrame:
         """What the load-time optimizer changed (`SessionOptions.graph_optimization_level`):
@@ -842,7 +842,7 @@ class Recording:
     def shadow_checks(self) -> pd.DataFrame:
         """One row per shadowed step: `step, slot, checked, divergences, mechanisms`
         (which mechanisms served that step)."""
-        return self._named_table("shadow", ["step", "slot", "checked", "divergences", "mechanisms"])
+        return self._named_table("shadow", ["step", *SHADOW_COLUMNS])
 
     # ------------------------------------------------------------------ persistence
 
