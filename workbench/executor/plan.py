@@ -113,7 +113,7 @@ def _cache_key(spec: KernelSpec, info: NodeInfo) -> Any:
     # weights by identity: each initializer array lives as long as the session's graph
     weights = tuple(sorted((i, id(v)) for i, v in info.initializer_inputs.items()))
     return (id(spec), info.domain, info.op_type, info.opset, info.input_dtypes,
-            info.output_dtypes, info.input_shapes, info.output_shapes, info.output_used,
+            info.output_dtypes, info.input_shapes, info.output_shapes, info.output_used, info.input_present,
             attrs, consts, weights)
 
 

@@ -90,15 +90,13 @@ def int8_compute_layout(attrs: dict, zero_point_dtype: Any, has_g_idx: bool) -> 
 def uses_int8_compute(info: NodeInfo) -> bool:
     """Whether onnxruntime's CPU kernel would quantize A to int8 for this node (see the
     module docstring for the conditions and why)."""
-    dtypes = tuple(info.input_dtypes) + (None,) * 6
-    if not int8_compute_layout(info.attrs, dtypes[3], dtypes[4] is not None):
-        return False
     # onnxruntime prepacks, and so takes this path, only for initializer B / scales / zero
     # points; a B fed at run time is computed in float32
     weights = info.initializer_inputs
-    if not (1 in weights and 2 in weights):
+    if not (1 in weights and 2 in weights) or (info.has_input(3) and 3 not in weights):
         return False
-    return dtypes[3] is None or 3 in weights
+    zero_points = weights.get(3)
+    return int8_compute_layout(info.attrs, None if zero_points is None else zero_points.dtype, info.has_input(4))
 
 
 def nbits_layout(info: NodeInfo) -> tuple[int, int, int, int]:
@@ -165,8 +163,8 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
     int8_weights = None  # accuracy_level 4: the weight laid out once for CompInt8
     cached_wt = None
     const = info.initializer_inputs  # the weights, laid out once below
-    zp_present = len(info.input_dtypes) > 3 and info.input_dtypes[3] is not None
-    gi_present = len(info.input_dtypes) > 4 and info.input_dtypes[4] is not None
+    zp_present = info.has_input(3)
+    gi_present = info.has_input(4)
     if uses_int8_compute(info):  # B, scales and zero points are all initializers
         if const[1].size:  # (no cap: the layout replaces the per-step pass over the weight)
             int8_weights = nbits_int8.prepare(

@@ -27,9 +27,8 @@ STRING = np.dtype(object)
 
 
 def _is_given(info: NodeInfo, pos: int) -> bool:
-    """Whether optional input `pos` is present (constant, or of a known dtype)."""
-    return pos in info.constant_inputs or (
-        pos < len(info.input_dtypes) and info.input_dtypes[pos] is not None)
+    """Whether optional input `pos` is present."""
+    return pos in info.constant_inputs or info.has_input(pos)
 
 
 def _host_read_verdict(positions: tuple[int, ...], what: str) -> Callable[[NodeInfo], CaptureVerdict]:

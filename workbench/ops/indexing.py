@@ -23,7 +23,6 @@ from .layout import (
     is_static,
     place,
     shape_memo,
-    static_guard,
 )
 from .registry import KernelFn, NodeInfo, register
 
@@ -97,9 +96,7 @@ def slice_10(info: NodeInfo) -> KernelFn:
     starts, ends, axes, steps = (constant_ints(info, p) for p in _SLICE_INPUTS)
     if starts is None or ends is None:  # required inputs we cannot see: read them each run
         return run_dynamic
-    static = _slice_kernel(starts, ends, axes, steps)
-    optional = tuple(p for p in (3, 4) if p not in info.constant_inputs)
-    return static_guard(info, optional, static, run_dynamic)
+    return _slice_kernel(starts, ends, axes, steps)
 
 
 # --- Gather family -------------------------------------------------------------------------

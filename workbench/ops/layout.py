@@ -30,14 +30,8 @@ INT64 = np.dtype(np.int64)
 
 
 def is_omitted(info: NodeInfo, pos: int) -> bool:
-    """Whether optional input `pos` is (as far as the build can tell) absent.
-
-    NodeInfo gives an omitted input dtype None; an input whose type is unknown
-    looks the same, so kernels that trust this re-check `inputs[pos] is None` at
-    run time (see `static_guard`).
-    """
-    return pos >= len(info.input_dtypes) or (
-        info.input_dtypes[pos] is None and pos not in info.constant_inputs)
+    """Whether optional input `pos` is absent (its name empty, or past the last)."""
+    return not info.has_input(pos)
 
 
 def is_static(info: NodeInfo, positions: tuple[int, ...]) -> bool:
@@ -67,28 +61,6 @@ def host_read_verdict(positions: tuple[int, ...], what: str) -> Callable[[NodeIn
         return declined("host_read", f"reads the {what} input's values on the host", positions)
 
     return verdict
-
-
-def absent_but_maybe_fed(info: NodeInfo, positions: tuple[int, ...]) -> tuple[int, ...]:
-    """Inputs the builder treats as omitted although the node lists them (dtype unknown)."""
-    return tuple(p for p in positions
-                 if p < len(info.input_dtypes) and p not in info.constant_inputs)
-
-
-def static_guard(info: NodeInfo, positions: tuple[int, ...], static: KernelFn,
-                 dynamic: KernelFn) -> KernelFn:
-    """`static` unless an input it assumed omitted turns out to be fed (then `dynamic`)."""
-    unsure = absent_but_maybe_fed(info, positions)
-    if not unsure:
-        return static
-
-    def run(inputs: list, outs: list) -> tuple:
-        for p in unsure:
-            if p < len(inputs) and inputs[p] is not None:
-                return dynamic(inputs, outs)
-        return static(inputs, outs)
-
-    return run
 
 
 def place(out: Any, value: Any) -> Any:
@@ -220,7 +192,7 @@ def squeeze_13(info: NodeInfo) -> KernelFn:
     else:
         axis = tuple(axes)
         static = unary(lambda x: x.squeeze(axis=axis))
-    return static_guard(info, (1,), static, run_dynamic)
+    return static
 
 
 def _unsqueezed(shape: tuple, axes: tuple[int, ...]) -> tuple[int, ...]:
@@ -351,9 +323,7 @@ def _split_builder(info: NodeInfo, split_input: bool) -> KernelFn:
             return run_equal(inputs, outs)
         return _split_into(inputs[0], _split_index(axis, host_ints(split)), outs)
 
-    if is_omitted(info, 1):
-        return static_guard(info, (1,), run_equal, run_dynamic)
-    return run_dynamic
+    return run_equal if is_omitted(info, 1) else run_dynamic
 
 
 def _split_1_capture(info: NodeInfo) -> CaptureVerdict:

@@ -68,7 +68,7 @@ def build_gemm(info: NodeInfo) -> KernelFn:
     beta = float(info.attr("beta", 1.0))
     trans_a = bool(info.attr("transA", 0))
     trans_b = bool(info.attr("transB", 0))
-    uses_c = len(info.input_dtypes) > 2 and info.input_dtypes[2] is not None and beta != 0.0
+    uses_c = info.has_input(2) and beta != 0.0
     compute_dtype = _gemm_compute_dtype(info, alpha, beta)
 
     def product(inputs: list, out: Any) -> Any:

@@ -108,7 +108,7 @@ def build_layer_norm(info: NodeInfo) -> KernelFn:
     compute = _compute_dtype(info.input_dtypes[0], stash)
     epsilon = compute.type(info.attr("epsilon", 1e-5))
     axes_for = _trailing_axes(info)
-    has_bias = len(info.input_dtypes) > 2 and info.input_dtypes[2] is not None
+    has_bias = info.has_input(2)
     want_mean, want_inv_std = _wanted(info, 1), _wanted(info, 2)
     mean_dtype = info.output_dtypes[1] if want_mean and info.output_dtypes[1] else stash
     inv_dtype = info.output_dtypes[2] if want_inv_std and info.output_dtypes[2] else stash

@@ -35,10 +35,6 @@ Reducer = Callable[[Any, Any, Any], Any]
 # --- small helpers ------------------------------------------------------------------
 
 
-def _has_input(info: NodeInfo, pos: int) -> bool:
-    return pos < len(info.input_dtypes) and info.input_dtypes[pos] is not None
-
-
 def _emit(xp: Any, out: Any, value: Any, dtype: np.dtype) -> Any:
     """Place `value` into the preallocated `out`, or return it as a `dtype` array."""
     if out is None:
@@ -63,7 +59,7 @@ def _axes_from_values(values: Any, noop_with_empty_axes: bool) -> Any:
 
 
 def _axes_input_capture(info: NodeInfo) -> CaptureVerdict:
-    if _has_input(info, 1) and 1 not in info.constant_inputs:
+    if info.has_input(1) and 1 not in info.constant_inputs:
         return declined("host_read", "reads the axes input's values on the host", (1,))
     return CAPTURE_SUPPORTED
 
@@ -154,7 +150,7 @@ def _build_reduce(info: NodeInfo, make_reducer: Callable[..., Reducer],
         noop = bool(info.attr("noop_with_empty_axes", 0))
         if 1 in info.constant_inputs:
             static_axes = _axes_from_values(np.asarray(info.constant_inputs[1]), noop)
-        elif not _has_input(info, 1):
+        elif not info.has_input(1):
             static_axes = _axes_from_values(None, noop)
         else:
             def run_dynamic(inputs: list, outs: list) -> tuple:

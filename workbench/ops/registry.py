@@ -75,6 +75,9 @@ class NodeInfo:
     output_shapes: tuple[tuple | None, ...] = ()
     #: False where the output name is empty (an optional output nobody asked for)
     output_used: tuple[bool, ...] = ()
+    #: False where the input name is empty (an optional input left out); an input of
+    #: unknown dtype (shape inference left it untyped) is present all the same
+    input_present: tuple[bool, ...] = ()
     #: array module of the backend (numpy on the CPU, cupy on CUDA)
     xp: Any = np
     #: subgraphs (If/Loop/Scan bodies) by attribute name, as workbench.ir Graphs
@@ -92,8 +95,16 @@ class NodeInfo:
     #: `run(inputs: list, captures: dict[name, array]) -> list[outputs]`
     make_subgraph_runner: Any = None
 
+    def __post_init__(self) -> None:
+        if not self.input_present:  # built by hand (tests): the inputs of a known dtype
+            self.input_present = tuple(dt is not None for dt in self.input_dtypes)
+
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
+
+    def has_input(self, pos: int) -> bool:
+        """Whether input `pos` is given (named), whatever is known of its dtype."""
+        return pos < len(self.input_present) and self.input_present[pos]
 
 
 @dataclass(frozen=True)

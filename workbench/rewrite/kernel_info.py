@@ -28,6 +28,7 @@ def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable 
         input_shapes=tuple(vals[i].shape if i >= 0 else None for i in node.inputs),
         output_shapes=tuple(vals[o].shape if o >= 0 else None for o in node.outputs),
         output_used=tuple(o >= 0 for o in node.outputs),
+        input_present=tuple(i >= 0 for i in node.inputs),
         xp=xp, subgraphs=node.subgraphs,
         constant_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
                          if i in graph.initializers and graph.initializers[i].size <= SMALL_CONSTANT},
