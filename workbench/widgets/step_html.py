@@ -22,9 +22,12 @@ __all__ = ["HOLD_MS", "StepHTML"]
 
 #: the longest the browser holds a step's HTML for its plot
 HOLD_MS = 3000
+#: how long a new view's first value waits for a figure that follows the step to appear
+#: in its scope (the page builds a re-run cell's workbench over several frames)
+BUILD_MS = 1000
 
 _ESM = """
-const HOLD_MS = __HOLD_MS__;
+const HOLD_MS = __HOLD_MS__, BUILD_MS = __BUILD_MS__;
 const scopeOf = (el) => el.closest(".wb-workbench") || el.closest(".wb-view");
 // the visible figures that follow the step: their plotly element (null: not drawn yet)
 const plotsOf = (scope) => scope ? [...scope.querySelectorAll(".wb-step-figure")]
@@ -44,35 +47,51 @@ const shown = (gd, scope) => {
 };
 
 function render({ model, el }) {
-  let frame = 0, timer = 0, scope = null;
+  // while a value waits: `watch` sees the page's mutations (the page attaching this element,
+  // then the scope's plots being built and drawn) and checks at once, in the same task, so
+  // the value lands before the paint that first shows its plot, never a frame after it
+  let frame = 0, timer = 0, scope = null, watch = null, since = 0;
   const stop = () => {
     cancelAnimationFrame(frame); clearTimeout(timer); frame = timer = 0;
     if (scope) scope.removeEventListener("wb-plot-drawn", check);
+    if (watch) watch.disconnect();
+    scope = watch = null; since = 0;
   };
   const apply = () => { stop(); el.innerHTML = model.get("value"); };
-  const inStep = () => {
-    const step = model.get("step");
-    return step < 0 || plotsOf(scope).every((gd) => shown(gd, scope) === step);
+  const observe = (node) => {
+    if (watch) watch.disconnect();
+    watch = new MutationObserver(check);
+    watch.observe(node, { childList: true, subtree: true, attributes: true, characterData: true });
   };
-  function check() { if (inStep()) apply(); else frame = requestAnimationFrame(check); }
-  const update = () => {
-    stop();
-    scope = scopeOf(el);
-    if (!scope || inStep()) return apply();
-    scope.addEventListener("wb-plot-drawn", check);
+  function check() {
+    cancelAnimationFrame(frame);
+    if (!el.isConnected) { if (!watch) observe(document.body); return; }  // not in the page yet
+    if (!scope) {
+      scope = scopeOf(el);
+      if (!scope) return apply();
+      scope.addEventListener("wb-plot-drawn", check);
+      observe(scope);
+    }
+    const step = model.get("step"), plots = plotsOf(scope);
+    if (step < 0) return apply();
+    // no figure follows the step in view: a grace for a view still being built (a new
+    // workbench's figure appears some frames after its label: BUILD_MS until its scope has
+    // shown a figure, none after), then the value shows on its own
+    since = since || performance.now();
+    if (plots.length) scope.__wbFigureSeen = true;
+    const grace = scope.__wbFigureSeen ? 0 : BUILD_MS;
+    if (!plots.length && performance.now() - since > grace) return apply();
+    if (plots.length && plots.every((gd) => shown(gd, scope) === step)) return apply();
     frame = requestAnimationFrame(check);
-    timer = setTimeout(apply, HOLD_MS);
-  };
+  }
+  const update = () => { stop(); timer = setTimeout(apply, HOLD_MS); check(); };
   model.on("change:value", update);
   model.on("change:step", update);
-  // the first value too waits for its plot, once the element is in the page
-  const attached = () => { if (el.isConnected) update(); else frame = requestAnimationFrame(attached); };
-  frame = requestAnimationFrame(attached);
-  timer = setTimeout(apply, HOLD_MS);
+  update();  // the first value too waits for its plot
   return () => { stop(); model.off("change:value", update); model.off("change:step", update); };
 }
 export default { render };
-""".replace("__HOLD_MS__", str(HOLD_MS))
+""".replace("__HOLD_MS__", str(HOLD_MS)).replace("__BUILD_MS__", str(BUILD_MS))
 
 
 class StepHTML(anywidget.AnyWidget):
