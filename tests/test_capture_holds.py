@@ -672,3 +672,79 @@ def test_shape_arithmetic_overwritten_in_place_is_not_baked_from_the_warm_up(bac
     _assert_holds(runs)
     events = runs.events()
     assert not events.reason.str.startswith("stale_bake").any(), events.reason.tolist()
+
+
+def test_shape_arithmetic_fixed_by_the_input_shapes_is_not_relaunched():
+    """A CPU recording runs its nodes; the Shape -> Gather -> Concat arithmetic wholly
+    inside the captured segments gives the same values at every replay that passes the
+    input-shape checks, so the launch list leaves it out and the arrays keep the
+    recording's values (a capture event says how many nodes). Values stay onnxruntime's
+    over runs refilling x in place, and a wider x retires the graph and is right too."""
+    runs = _Runs(legacy_heads(), "cpu")
+    rng = np.random.default_rng(26)
+    x = np.zeros((1, 1, WIDTH), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        runs.step({"x": x}, f"run {run}")
+    _assert_holds(runs)
+    cap = runs.capture
+    constant = cap.constant
+    plan = runs.session.executor.plan
+    ops = {plan.nodes[k].node.op_type for k in constant}
+    assert {"Shape", "Concat"} <= ops, ops
+    assert not {"MatMul", "Reshape"} & ops, ops
+    assert _launch_count(cap) > 0 and not constant & _recorded_nodes(cap), "constant nodes still launched"
+    captures = runs.events()
+    captures = captures[captures.event == "capture"]
+    assert captures.reason.str.contains("not launched again").any(), captures.reason.tolist()
+    wide = np.zeros((1, 3, WIDTH), np.float32)
+    for run in range(RUNS):
+        wide[...] = rng.standard_normal(wide.shape)
+        assert runs.step({"x": wide}, f"wide run {run}")["y"].shape == (1, 3, WIDTH)
+    assert (runs.events(after=RUNS).event == "retire").any()
+
+
+def offset_over_shape_value() -> onnx.ModelProto:
+    """`overwritten_shape_value` with the in-place Add reading a fed offset: the writer
+    over the length's bytes is not shape arithmetic, so it runs at every replay."""
+    proto = overwritten_shape_value()
+    graph = proto.graph
+    for node in graph.node:
+        if list(node.output) == ["shifted"]:
+            node.input[1] = "offset"
+    graph.input.append(helper.make_tensor_value_info("offset", TensorProto.INT64, []))
+    kept = [init for init in graph.initializer if init.name != "five"]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return proto
+
+
+def test_shape_arithmetic_overwritten_in_place_is_launched_at_every_replay():
+    """The length a Range reads is overwritten in place by a later Add of a fed offset
+    (compute in place), which every replay runs: left out of the launch list, the
+    length's bytes would hold the last Add's sum at the next replay, and the sums would
+    pile up. It stays launched, and every run is onnxruntime's."""
+    runs = _Runs(offset_over_shape_value(), "cpu")
+    graph = runs.session.graph
+    rng = np.random.default_rng(27)
+    x = np.zeros((1, 4), np.float32)
+    offset = np.zeros((), np.int64)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        offset[...] = run % 3
+        runs.step({"x": x, "offset": offset}, f"run {run}")
+    _assert_holds(runs)
+    ex = runs.session.executor
+    assert ex.state.storage.storage.get(graph.by_name["shifted"]) == "alias"
+    assert ex.state.storage.owner[graph.by_name["shifted"]] == graph.by_name["length"]
+    gather = next(p.index for p in ex.plan.nodes if graph.by_name["length"] in p.outputs)
+    assert gather not in runs.capture.constant
+    assert gather in _recorded_nodes(runs.capture)
+
+
+def _launch_count(cap) -> int:
+    return sum(len(captured.graph.launches) for captured in cap.graphs.values())
+
+
+def _recorded_nodes(cap) -> set[int]:
+    return {k for captured in cap.graphs.values() for k in captured.launched_nodes}

@@ -74,6 +74,8 @@ class CapturedGraph:
     #: the just-in-time symbols the recorded nodes bound (their outputs' sizes): a replay
     #: binds them again, as running the nodes would, for the dims later nodes resolve
     symbols: dict = field(default_factory=dict)
+    #: plan indices of the nodes whose launches the recording holds (`LaunchRecorder.launched`)
+    launched_nodes: tuple = ()
     #: the inputs the last passing check saw, kept to tell them again cheaply (`_same_binding`)
     _seen: tuple | None = field(default=None, repr=False)
 
@@ -206,6 +208,8 @@ class SlotCapture:
     #: value id -> its host copy at the last eager step, on a backend whose recording
     #: computes nothing (CUDA): what a recording bakes, checked once launched
     derived_host: dict = field(default_factory=dict)
+    #: plan indices of captured nodes whose launches a replay skips (`constant_nodes`)
+    constant: frozenset = frozenset()
     #: shape-derived values found to differ between a warm-up step and the capture
     #: (`stale_bake`): never baked again in this slot
     unbakeable: set = field(default_factory=set)
@@ -238,9 +242,13 @@ class LaunchRecorder:
     kernels' launches already and notes nothing; the CPU backend records each node as
     the launch its replay repeats, with the very arrays it ran on."""
 
-    def __init__(self, backend: Any, graph: Any, bake: Any = None):
+    def __init__(self, backend: Any, graph: Any, bake: Any = None, constant: frozenset = frozenset()):
         self.backend = backend
         self.graph = graph
+        #: plan indices whose work a replay need not repeat (`constant_nodes`): not recorded
+        self.constant = constant
+        #: plan index of each recorded launch, in order (-1: a contiguity copy)
+        self.launched: list[int] = []
         #: called with each output a node made (value id, array): a shape-derived value
         #: joins what later host reads of this recording may bake (`CaptureRunner._capture`)
         self.bake = bake
@@ -248,6 +256,7 @@ class LaunchRecorder:
     def copied(self, source: Any, copy: Any) -> None:
         """A contiguity copy the node's inputs needed: a launch of its own."""
         self.backend.record(self.graph, copy_launch, [source], [copy])
+        self.launched.append(-1)
 
     def dispatched(self, d: Any, ins: list, outs: list, env: list, owners: dict[int, int]) -> None:
         """Node `d` ran on `ins` into `outs`; `env` holds what it produced. What a replay
@@ -263,9 +272,10 @@ class LaunchRecorder:
                 is_view_of(arr, x) for x in ins if x is not None)
             if made:
                 slots[j] = arr
-        if not d.view or any(o is not None for o in slots):
+        if d.p.index not in self.constant and (not d.view or any(o is not None for o in slots)):
             # every replay passes these very arrays: a kernel's checks of them are made once, here
             self.backend.record(self.graph, replay_kernel(d.p.fn, ins, slots), ins, slots)
+            self.launched.append(d.p.index)
         if self.bake is not None:
             for vid in d.p.outputs:
                 if vid >= 0:
@@ -313,6 +323,32 @@ def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[in
             if o >= 0:
                 derived[o] = chain
     return derived
+
+
+def constant_nodes(segments: list, plan: Any, derived: frozenset, storage: Any,
+                   kept_out: set[int]) -> frozenset[int]:
+    """Plan indices of the captured nodes a replay need not launch: every output is
+    baked shape arithmetic (`derived`: wholly computed inside the captured segments),
+    so by `shape_derived_values`' argument a replay that passed its input-shape checks
+    would write the very values the recording wrote. A launch list that records
+    computed work (the CPU backend) drops them: their arrays keep the recording's
+    values, and each replay restores them into the environment.
+
+    That holds while nothing else writes those bytes between replays: no node writes
+    in place over one (an ALIAS of its owner), none is handed to the caller or bound
+    by it (`kept_out`), and every eager step in the slot re-plans or retires the
+    graphs first (`SlotCapture.next_action`)."""
+    overwritten = aliased_owners(storage)
+    constant = set()
+    for seg in segments:
+        if seg.kind != "captured":
+            continue
+        for k in seg.nodes:
+            outs = [o for o in plan.nodes[k].outputs if o >= 0]
+            if outs and all(o in derived and o not in kept_out and storage.storage.get(o) != ALIAS
+                            and storage.owner.get(o, o) not in overwritten for o in outs):
+                constant.add(k)
+    return frozenset(constant)
 
 
 def aliased_owners(storage: Any) -> frozenset[int]:

@@ -53,6 +53,7 @@ from .capture import (
     SlotCapture,
     aliased_owners,
     binding_signature,
+    constant_nodes,
     external_inputs,
     growing_symbols,
     node_decline,
@@ -165,6 +166,11 @@ class CaptureRunner:
         cap.segments, cap.declines = segments, final
         cap.derived = frozenset(derived)
         self._keep_in_place(cap, bound_ids)
+        # a recording that computes (the CPU's launch list) can leave out what replays
+        # would recompute to the same values; a device stream records every kernel
+        cap.constant = constant_nodes(
+            segments, self.plan, cap.derived, ex.state.storage,
+            set(self.graph.outputs) | bound_ids) if self.backend.capture_executes_work else frozenset()
 
     def _keep_in_place(self, cap: SlotCapture, bound: set[int]) -> None:
         """Which inputs of the captured segments need a buffer of their own to keep their
@@ -320,8 +326,9 @@ class CaptureRunner:
                     bake(vid, env[vid])
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
+                recorder = LaunchRecorder(backend, graph, bake if derived else None, cap.constant)
                 with recording_launches(label, bakes):
-                    run_nodes(seg.nodes, LaunchRecorder(backend, graph, bake if derived else None))
+                    run_nodes(seg.nodes, recorder)
                 graph = backend.end_capture(graph)
                 backend_graph = None
                 if not backend.capture_executes_work:  # the capture rule above: run what was recorded
@@ -346,9 +353,11 @@ class CaptureRunner:
                               for vid in self.plan.nodes[k].outputs if vid in observed)
                 revealed = {s: n for s, n in bindings.items() if s not in known}
                 cap.graphs[seg.index] = CapturedGraph(graph, signature, outputs, time.perf_counter() - t0,
-                                                      buffers, owners=owners, views=views, symbols=revealed)
+                                                      buffers, owners=owners, views=views, symbols=revealed,
+                                                      launched_nodes=tuple(recorder.launched))
                 if rec is not None:
-                    StepTrace.captured(rec, slot, seg.index, time.perf_counter() - t0)
+                    StepTrace.captured(rec, slot, seg.index, time.perf_counter() - t0,
+                                       sum(k in cap.constant for k in seg.nodes))
         except CaptureViolation as violation:
             # a kernel read the host while recording: keep exactly that node's op eager
             self._abort(backend, backend_graph, cap)

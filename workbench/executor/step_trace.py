@@ -146,10 +146,15 @@ class StepTrace:
             rec.add_flat_rows("capture_events", CAPTURE_EVENTS_COLUMNS, tuple(events))
 
     @staticmethod
-    def captured(rec: Any, slot: str, segment: int, duration_s: float) -> None:
-        """Segment `segment` was recorded, in `duration_s`."""
+    def captured(rec: Any, slot: str, segment: int, duration_s: float, constant: int = 0) -> None:
+        """Segment `segment` was recorded, in `duration_s`; `constant` of its nodes are
+        shape arithmetic its replays do not launch again (`capture.constant_nodes`)."""
+        reason = "warm step seen; recording"
+        if constant:
+            reason += (f" ({constant} shape-arithmetic node{'s' if constant > 1 else ''} fixed by the input "
+                       "shapes each replay checks: recorded once, not launched again)")
         rec.add_row("capture_events", slot=slot, segment=segment, event="capture",
-                    reason="warm step seen; recording", duration_s=duration_s)
+                    reason=reason, duration_s=duration_s)
 
     @staticmethod
     def quarantined(rec: Any, slot: str, why: str) -> None:
