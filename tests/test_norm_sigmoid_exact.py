@@ -11,6 +11,9 @@ Where onnxruntime takes the kernels these were read from (x86-64 with AVX2 and F
 MLAS's AVX512 SiLU kernel for QuickGelu with alpha 1) the results are bit for bit
 onnxruntime's (0 ulps, signed zeros included); elsewhere within the tolerance the
 previous formulas were held to. float16 inputs stay within their previous tolerance.
+
+Sessions here ask for onnxruntime's rounding ("always"); by default ("auto") a session
+takes it only where its model quantizes activations at run time (the end of this file).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from workbench.ops import ort_float32
 ort = pytest.importorskip("onnxruntime")
 
 MS = "com.microsoft"
+#: a one-node model requantizes nothing, so "auto" would not round as onnxruntime does
+ROUNDED = workbench.SessionOptions(onnxruntime_rounding="always")
 
 
 def _cpu_flags() -> set:
@@ -68,7 +73,7 @@ def _pair(model):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     peer = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return workbench.InferenceSession(model), peer
+    return workbench.InferenceSession(model, options=ROUNDED), peer
 
 
 def _compare(ours, peer, feeds, exact, rtol, atol, what):
@@ -266,3 +271,66 @@ def test_silu_fusion_computes_onnxruntimes_fused_value():
     for run in range(6):
         x[...] = _activations(r, x.shape, run)
         _compare(ours, peer, {"x": x}, EXACT_SILU, 1e-6, 1e-6, f"run {run}")
+
+
+def _silu_then(quantizer: str) -> "onnx.ModelProto":
+    """x -> SiLU (fused into QuickGelu at load) -> `quantizer`: a MatMulNBits at
+    accuracy_level 4 (int8 products: activations requantized per block), at level 0
+    (float32 products), or a plain MatMul."""
+    rng = np.random.default_rng(31)
+    k, n, block = 64, 16, 32
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["h"])]
+    inits = []
+    if quantizer == "MatMul":
+        nodes.append(helper.make_node("MatMul", ["h", "w"], ["y"]))
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w"))
+    else:
+        level = 4 if quantizer == "int8" else 0
+        nodes.append(helper.make_node("MatMulNBits", ["h", "qw", "scales"], ["y"], domain=MS, K=k, N=n, bits=4,
+                                      block_size=block, accuracy_level=level))
+        inits += [numpy_helper.from_array(rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8), "qw"),
+                  numpy_helper.from_array((rng.random(n * k // block) * 0.1 + 0.01).astype(np.float32), "scales")]
+    graph = helper.make_graph(nodes, "silu_then", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "float", "MatMul"])
+def test_onnxruntime_rounding_is_taken_where_activations_are_requantized(quantizer):
+    """By default ("auto") the costlier emulation of onnxruntime's rounding is taken
+    only where the model quantizes activations at run time (here MatMulNBits at
+    accuracy_level 4, whose int8 A a one-ulp difference upstream changes); elsewhere
+    numpy's arithmetic, within a few ulps. Either way every output over six runs
+    refilling x in place is onnxruntime's: bit for bit where requantized (on AVX-512,
+    where MLAS's int8 kernel and SiLU are the emulated ones), within 1e-5 elsewhere."""
+    model = _silu_then(quantizer)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    peer = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ours = workbench.InferenceSession(model)
+    rounded = quantizer == "int8"
+    assert ours.executor.onnxruntime_rounding is rounded
+    kernels = {p.node.op_type: p.info.onnxruntime_rounding for p in ours.executor.plan.nodes}
+    assert kernels["QuickGelu"] is rounded, kernels
+    r = np.random.default_rng(32)
+    x = np.empty((1, 64), np.float32)
+    for run in range(6):
+        x[...] = r.standard_normal(x.shape) * 3
+        want = peer.run(None, {"x": x.copy()})[0]
+        got = ours.run(None, {"x": x})[0]
+        if rounded and EXACT_SILU and {"avx512bw", "avx512dq", "avx512vl"} <= FLAGS:
+            assert _bits_differ(got, want) == 0, f"run {run}"
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+
+
+def test_onnxruntime_rounding_can_be_forced_either_way():
+    model = _silu_then("MatMul")
+    assert workbench.InferenceSession(model, options=ROUNDED).executor.onnxruntime_rounding is True
+    never = workbench.InferenceSession(_silu_then("int8"),
+                                       options=workbench.SessionOptions(onnxruntime_rounding="never"))
+    assert never.executor.onnxruntime_rounding is False
+    with pytest.raises(ValueError, match="onnxruntime_rounding"):
+        workbench.SessionOptions(onnxruntime_rounding="sometimes")

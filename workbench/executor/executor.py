@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import AllocationError, InputError, KernelError, MechanismDivergenceError, WorkbenchError
 from ..ir.graph import Graph
 from ..ops.registry import CaptureViolation, host_read
+from ..rewrite.kernel_info import requantizes_activations
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
 from .memo import MemoStats
@@ -62,7 +63,11 @@ class Executor(DecodeMemoSteps):
         self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
         self.jit_only = jit_only
-        self.plan: Plan = build_plan(graph, backend.xp, self.cache, self._subgraph_runner)
+        rounding = self.options.onnxruntime_rounding
+        #: whether float32 kernels round as onnxruntime's (`SessionOptions.onnxruntime_rounding`)
+        self.onnxruntime_rounding = rounding == "always" or (rounding == "auto" and requantizes_activations(graph))
+        self.plan: Plan = build_plan(graph, backend.xp, self.cache, self._subgraph_runner,
+                                     self.onnxruntime_rounding)
         #: outputs of Ifs that may be skipped: never lent to an in-place write
         self._skippable_outputs = {o for p in self.plan.nodes if p.skippable_if for o in p.outputs if o >= 0}
         #: skip an If whose predicate is unchanged (off for shadow re-execution)

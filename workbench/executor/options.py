@@ -82,6 +82,13 @@ class SessionOptions:
     #: the fraction of served steps shadowed, 0..1 (WORKBENCH_SHADOW_FRACTION)
     shadow_fraction: float = field(
         default_factory=lambda: float(os.environ.get("WORKBENCH_SHADOW_FRACTION", "1") or 1))
+    #: float32 on the host rounded as onnxruntime's CPU kernels round it, bit for bit
+    #: (Sigmoid, QuickGelu, the RMS norms): "auto" where the model quantizes activations
+    #: at run time (MatMulNBits at accuracy_level 4, DynamicQuantizeLinear, ...), whose
+    #: integers one ulp upstream can change; "always"; or "never" (numpy's arithmetic,
+    #: within a few ulps, faster) (WORKBENCH_ONNXRUNTIME_ROUNDING)
+    onnxruntime_rounding: str = field(
+        default_factory=lambda: os.environ.get("WORKBENCH_ONNXRUNTIME_ROUNDING", "auto"))
 
     def __post_init__(self) -> None:
         self.shadow = _shadow_mode(self.shadow)
@@ -91,9 +98,14 @@ class SessionOptions:
             raise ValueError(f"capture_rerecord_limit must be >= 0, got {self.capture_rerecord_limit!r}")
         if not 0.0 <= float(self.shadow_fraction) <= 1.0:
             raise ValueError(f"shadow_fraction must be within 0..1, got {self.shadow_fraction!r}")
+        self.onnxruntime_rounding = str(self.onnxruntime_rounding).strip().lower()
+        if self.onnxruntime_rounding not in ROUNDING_MODES:
+            raise ValueError(f"onnxruntime_rounding must be one of {ROUNDING_MODES}, "
+                             f"got {self.onnxruntime_rounding!r}")
 
 
 SHADOW_MODES = ("off", "record", "raise")
+ROUNDING_MODES = ("auto", "always", "never")
 
 
 def _shadow_mode(raw: str | bool | None) -> str:

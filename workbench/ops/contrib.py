@@ -162,14 +162,15 @@ _SQRT_HALF = 0.7071067811865476
 def build_quick_gelu(info: NodeInfo) -> KernelFn:
     """y = x * sigmoid(alpha * x).
 
-    float32 on the host, as onnxruntime's CPU kernel computes it, bit for bit:
+    float32 on the host where the plan asks for onnxruntime's rounding
+    (`NodeInfo.onnxruntime_rounding`), as its CPU kernel computes it, bit for bit:
     t = alpha * x in float32 (skipped where alpha is 1), MLAS's logistic of t
     (`ort_float32.logistic`; clamped to [0, 1] where alpha is 1, MLAS's SiLU kernel),
     times x. Other dtypes and backends: x / (1 + exp(-alpha x))."""
     xp = info.xp
     dtype = out_dtype(info)
     alpha = float(info.attr("alpha", 1.702))
-    as_onnxruntime = xp is np and dtype == F32
+    as_onnxruntime = xp is np and dtype == F32 and info.onnxruntime_rounding
     #: onnxruntime's kernel: alpha x in float32, skipped where alpha is 1 (its SiLU)
     silu = alpha == 1.0
     scale = np.float32(alpha)

@@ -12,7 +12,8 @@ Semantics follow the ONNX spec and onnx.reference:
 - Max/Min propagate NaN; Relu is max(x, 0);
 - float16 activations built from several steps are computed in float32 and
   rounded once, as onnxruntime's CPU kernels do;
-- float32 Sigmoid on the host is MLAS's logistic, as onnxruntime computes it.
+- float32 Sigmoid on the host is MLAS's logistic, as onnxruntime computes it, where
+  the plan asks for onnxruntime's rounding (`NodeInfo.onnxruntime_rounding`).
 """
 
 from __future__ import annotations
@@ -229,9 +230,10 @@ def where(info: NodeInfo) -> KernelFn:
 
 @register("Sigmoid", since=6, dtypes=FLOATS, may_run_in_place=True)
 def sigmoid(info: NodeInfo) -> KernelFn:
-    """float32 (and float16, through float32) on the host: MLAS's logistic, the
-    rational approximation onnxruntime's CPU kernel computes, bit for bit
-    (`ort_float32.logistic`); float64 and other backends: 1 / (1 + exp(-x))."""
+    """float32 (and float16, through float32) on the host, where the plan asks for
+    onnxruntime's rounding: MLAS's logistic, the rational approximation onnxruntime's
+    CPU kernel computes, bit for bit (`ort_float32.logistic`); otherwise (float64,
+    other backends, models that requantize nothing): 1 / (1 + exp(-x))."""
     xp = info.xp
 
     def compute(x: Any, out: Any) -> Any:
@@ -246,7 +248,7 @@ def sigmoid(info: NodeInfo) -> KernelFn:
             return compute(x, out)
         return logistic(x, out=out)
 
-    return _widening_half(info, compute_as_onnxruntime if xp is np else compute)
+    return _widening_half(info, compute_as_onnxruntime if xp is np and info.onnxruntime_rounding else compute)
 
 
 def _erf_function(xp: Any) -> Callable[..., Any]:

@@ -15,7 +15,8 @@ are normalised in float32 and rounded once at the end; float64 inputs keep float
 inv_std_var) have the stash dtype and shape x.shape[:axis] + (1,) * (rank - axis).
 SimplifiedLayerNormalization's Y has the dtype of `scale` (onnxruntime's type V).
 
-The RMS norms on float32 (x, scale and stash all float32, on the host) round as
+Where the plan asks for onnxruntime's rounding (`NodeInfo.onnxruntime_rounding`), the
+RMS norms on float32 (x, scale and stash all float32, on the host) round as
 onnxruntime's CPU kernel does, bit for bit given the same inputs (its AVX2 / FMA
 path): rows of 16 or more elements sum their squares in 8 fma lanes
 (`ort_float32.sum_of_squares_fma8`), then ``inv = 1 / sqrt(sum / n + epsilon)`` and
@@ -144,7 +145,7 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
     axes_for = _trailing_axes(info)
     want_inv = _wanted(info, 1)
     inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
-    as_onnxruntime = xp is np and compute in (F32, F64)
+    as_onnxruntime = xp is np and compute in (F32, F64) and info.onnxruntime_rounding
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]

@@ -94,6 +94,11 @@ class NodeInfo:
     #: control flow only: `make_subgraph_runner(graph, reusable=False)` returns
     #: `run(inputs: list, captures: dict[name, array]) -> list[outputs]`
     make_subgraph_runner: Any = None
+    #: round float32 on the host as onnxruntime's CPU kernels do, bit for bit, where a
+    #: kernel has such a form (`ort_float32`: costlier than numpy's own arithmetic). The
+    #: plan asks for it where a model requantizes activations at run time, which turns
+    #: one ulp into another int8 value (`SessionOptions.onnxruntime_rounding`)
+    onnxruntime_rounding: bool = True
 
     def __post_init__(self) -> None:
         if not self.input_present:  # built by hand (tests): the inputs of a known dtype

@@ -12,12 +12,40 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ir.graph import Graph, Node
+from ..ops.contrib_quant import int8_compute_layout
 from ..ops.registry import NodeInfo
 
 SMALL_CONSTANT = 64  # elements: initializers this small are shown to kernel builders
 
 
-def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable | None) -> NodeInfo:
+#: ops that quantize float activations at run time (a static scale, a dynamic one, or
+#: int8 products inside): one ulp of difference upstream can move a value to the next
+#: integer, and the difference grows from there
+ACTIVATION_QUANTIZERS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul",
+                                   "DynamicQuantizeLSTM", "QAttention", "QGemm"})
+
+
+def requantizes_activations(graph: Graph) -> bool:
+    """Whether any node of `graph` or its subgraphs quantizes float activations at run
+    time: an op of ACTIVATION_QUANTIZERS, or a MatMulNBits computed in int8
+    (accuracy_level 4: onnxruntime quantizes its A per block). There, the float32 work
+    before it must round as onnxruntime's does for the integers to agree."""
+    for node in graph.nodes:
+        if node.op_type in ACTIVATION_QUANTIZERS:
+            return True
+        if node.op_type == "MatMulNBits":
+            zero_points = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] >= 0 else None
+            g_idx = len(node.inputs) > 4 and node.inputs[4] >= 0
+            zp_dtype = graph.values[zero_points].dtype if zero_points is not None else None
+            if int8_compute_layout(node.attrs, zp_dtype, g_idx):
+                return True
+        if any(requantizes_activations(g) for g in node.subgraphs.values()):
+            return True
+    return False
+
+
+def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable | None,
+              onnxruntime_rounding: bool = True) -> NodeInfo:
     vals = graph.values
     info = NodeInfo(
         name=node.name, op_type=node.op_type, domain=node.domain,
@@ -29,7 +57,7 @@ def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable 
         output_shapes=tuple(vals[o].shape if o >= 0 else None for o in node.outputs),
         output_used=tuple(o >= 0 for o in node.outputs),
         input_present=tuple(i >= 0 for i in node.inputs),
-        xp=xp, subgraphs=node.subgraphs,
+        xp=xp, subgraphs=node.subgraphs, onnxruntime_rounding=onnxruntime_rounding,
         constant_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
                          if i in graph.initializers and graph.initializers[i].size <= SMALL_CONSTANT},
         initializer_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
