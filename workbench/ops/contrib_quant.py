@@ -186,10 +186,10 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
                               f"{a.shape[-1]}, expected K={K}")
         if b.size == 0:
             y = xp.zeros(a.shape[:-1] + (N,), dtype=F32)
-        elif int8_weights is not None:
+        elif int8_weights is not None:  # MLAS adds the bias where its kernels do (`nbits_int8`)
             lead = a.shape[:-1]
-            y = nbits_int8.matmul(xp, a.astype(F32, copy=False).reshape(-1, K), int8_weights)
-            y = y.reshape(lead + (N,))
+            y = nbits_int8.matmul(xp, a.astype(F32, copy=False).reshape(-1, K), int8_weights, bias)
+            return (emit(outs[0], y.reshape(lead + (N,)), dtype, like=a),)
         else:
             wt = cached_wt if cached_wt is not None else dequantize(b, scales, zero_points, g_idx).T
             y = xp.matmul(a.astype(F32, copy=False), wt)

@@ -10,7 +10,9 @@ is an integer far inside float32's 24 bits: exact whatever order BLAS sums in).
 
 Two forms:
 
-- **4-bit weights in blocks of 32** (every onnxruntime-genai int4 CPU export), `Blk32Weights`:
+- **4-bit weights in blocks of 32** (every onnxruntime-genai int4 CPU export), `Blk32Weights`
+  (on CPUs where MLAS takes its AVX2 kernels instead, the numpy backend lays the weights
+  out for those: `nbits_int8_avx2`, chosen by `mlas_isa.isa`):
   bit-for-bit MLAS's AVX512 / AVX512-VNNI kernel (``sqnbitgemm_kernel_avx512_int8_blklen32.h``
   and the BlkSum path of ``QNBitGemm``), whose float32 arithmetic is, per output:
 
@@ -46,6 +48,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
+from . import mlas_isa, nbits_int8_avx2
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -129,7 +133,10 @@ def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, b
     else:
         zp = _unpack(xp, xp.asarray(zero_points).reshape(N, -1), bits)[:, :k_blocks].astype(np.int16)
     if bits == 4 and block_size == 32 and a_block == 32:
-        return _prepare_blk32(xp, q, xp.asarray(scales).reshape(N, k_blocks).astype(F32), zp, K)
+        scales32 = xp.asarray(scales).reshape(N, k_blocks).astype(F32)
+        if xp is np and mlas_isa.isa() == "avx2":  # MLAS's AVX2 kernels (`nbits_int8_avx2`)
+            return nbits_int8_avx2.prepare(q, scales32, zp, zero_points is not None, K)
+        return _prepare_blk32(xp, q, scales32, zp, K)
     ints = (q.astype(np.int16) - zp[:, :, None]).reshape(N, k_blocks * block_size)
     ints[:, K:] = 0  # past K: A's zero padding times anything, kept exactly zero
     a_blocks = k_blocks * (block_size // a_block)
@@ -175,6 +182,8 @@ def matmul(xp: Any, a: Any, w: Int8Weights | Blk32Weights, bias: Any = None) -> 
     """``A [M, K] @ W^T (+ bias)`` as CompInt8 (float32 ``[M, N]``)."""
     if isinstance(w, Blk32Weights):
         return _matmul_blk32(xp, a, w, bias)
+    if isinstance(w, nbits_int8_avx2.Avx2Blk32Weights):
+        return nbits_int8_avx2.matmul(a, w, bias, quantize_rows)
     qa, sa = quantize_rows(xp, a, w.block, w.ints.shape[0])
     dots = xp.matmul(qa, w.ints)  # [blocks, M, N], exact integers
     dots *= sa * w.scales[:, None, :]  # each block's scale_a * scale_b, rounded once as MLAS does

@@ -34,6 +34,8 @@ activation reaches those.)
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .registry import numpy_any
@@ -209,3 +211,123 @@ def _exact_pq(v2: np.ndarray) -> tuple:
     for b in _BETA[2:]:
         q = fma32(v2, q, b)
     return p, q
+
+
+# --- fused multiply-add, vectorised -------------------------------------------------
+
+
+def fma_f32(a: np.ndarray, b, c) -> np.ndarray:
+    """fma(a, b, c) of float32 operands (arrays or float32 scalars), rounded once: the
+    float64 sum rounded to float32 (`fma_step`)."""
+    return fma_step(np.multiply(a, b, dtype=F64), a, b, c)
+
+
+def fma_step(product: np.ndarray, a, b, c, out: np.ndarray | None = None) -> np.ndarray:
+    """fma(a, b, c) of float32 operands given their exact float64 product ``a * b``: the
+    float64 sum ``product + c`` rounded to float32 (into `out`, which may be c itself).
+    A sum that fell halfway between two float32 values (module docstring) may have been
+    rounded there from an exact value on either side: those elements, and only those,
+    are recomputed with the fma rounded once (`fma32`)."""
+    total = product + c
+    half = _any_halfway(total)
+    fix = None
+    if numpy_any(half):
+        where = np.nonzero(half)
+        picked = [np.broadcast_to(x, total.shape)[where].astype(F32, copy=False) for x in (a, b, c)]
+        fix = fma32(*picked)
+    if out is None:
+        out = total.astype(F32)
+    else:
+        out[...] = total
+    if fix is not None:
+        out[where] = fix
+    return out
+
+
+#: elements of float64 scratch `fma_chain` works in at a time (its step blocks)
+_CHAIN_ELEMENTS = 1 << 21
+_scratch = threading.local()
+
+
+def _scratch_array(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A per-thread scratch array of this shape, reused across calls (fresh memory
+    would be page-faulted in on every call)."""
+    store = getattr(_scratch, "arrays", None)
+    if store is None:
+        store = _scratch.arrays = {}
+    size = int(np.prod(shape))
+    buf = store.get(name)
+    if buf is None or buf.size < size or buf.dtype != dtype:
+        buf = store[name] = np.empty(size, dtype)
+    return buf[:size].reshape(shape)
+
+
+def fma_chain(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """``acc = fma(a[s], b[s], acc)`` for s along the first axis of a and b (float32,
+    broadcasting to ``(steps,) + acc.shape``), each fma rounded once to float32; a new
+    array (acc is not modified).
+
+    The float64 sum of the exact product and acc, rounded to float32, is the fma unless
+    the float64 sum was itself rounded onto a float32 halfway point. Halfway sums are
+    common where the sum is exact (a small integer times a scale: a true tie, rounded
+    right), so after each block of steps the halfway ones are sorted: only one with a
+    nonzero two-sum error (its float64 rounding happened) marks its element, and a
+    marked element's whole chain is recomputed with `fma32` at the end."""
+    steps = a.shape[0]
+    start = acc
+    acc = np.array(acc, F32, copy=True)
+    count = acc.size
+    block = max(1, min(steps, _CHAIN_ELEMENTS // max(count, 1)))
+    marked = None
+    for s0 in range(0, steps, block):
+        n = min(steps, s0 + block) - s0
+        shape = (n,) + acc.shape
+        totals = _scratch_array("chain_totals", shape, F64)
+        np.multiply(a[s0:s0 + n], b[s0:s0 + n], out=totals, dtype=F64)  # exact products
+        first = acc.copy()
+        wide = acc.astype(F64)  # acc, as float64 (a same-dtype add is the faster loop)
+        for k in range(n):
+            total = totals[k]
+            np.add(total, wide, out=total)
+            np.copyto(acc, total, casting="unsafe")  # rounded to float32
+            np.copyto(wide, acc)
+        bits = _scratch_array("chain_bits", shape, np.dtype(np.uint64))
+        np.bitwise_and(totals.view(np.uint64), _LOW29, out=bits)
+        half = np.equal(bits, _HALF29, out=_scratch_array("chain_half", shape, np.dtype(bool)))
+        if not numpy_any(half):
+            continue
+        flagged = np.flatnonzero(half)  # step k of the block * count + cell
+        step, cell = np.divmod(flagged, count)
+        where = np.unravel_index(flagged, shape)
+        a_at = np.broadcast_to(a[s0:s0 + n], shape)[where]
+        b_at = np.broadcast_to(b[s0:s0 + n], shape)[where]
+        product = np.multiply(a_at, b_at, dtype=F64)
+        total = totals.reshape(-1)[flagged]
+        previous = totals.reshape(-1)[np.maximum(flagged - count, 0)].astype(F32)
+        addend = np.where(step > 0, previous, first.reshape(-1)[cell]).astype(F64)
+        back = total - addend
+        error = (product - back) + (addend - (total - back))
+        rounded = error != 0
+        if numpy_any(rounded):
+            if marked is None:
+                marked = np.zeros(count, bool)
+            marked[cell[rounded]] = True
+    if marked is not None:
+        cells = np.unravel_index(np.flatnonzero(marked), acc.shape)
+        exact = np.broadcast_to(np.asarray(start, F32), acc.shape)[cells]  # host-ok: numpy-only, recomputed elements
+        full = (steps,) + acc.shape
+        for s in range(steps):
+            exact = fma32(np.broadcast_to(a, full)[s][cells], np.broadcast_to(b, full)[s][cells], exact)
+        acc[cells] = exact
+    return acc
+
+
+# --- rotary embedding -------------------------------------------------------------------
+
+
+def rotate_pair(x1: np.ndarray, x2: np.ndarray, cos, sin) -> tuple:
+    """MLAS's non-interleaved rotary embedding (``MlasRotaryEmbedOneRow``, the AVX2
+    kernel onnxruntime's GroupQueryAttention and RotaryEmbedding call) of float32
+    halves: (``fma(x1, cos, -(x2 * sin))``, ``fma(x1, sin, x2 * cos)``), each inner
+    product rounded to float32."""
+    return fma_f32(x1, cos, -(x2 * sin)), fma_f32(x1, sin, x2 * cos)
