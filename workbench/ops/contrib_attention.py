@@ -13,6 +13,15 @@ token) on the numpy backend: it reads ``seqlens_k`` on the host (`numpy_first_in
 attend over rows 0..pos only. That is sound there because a CPU recorded-launch graph
 re-runs the kernel on every replay (the value is read afresh, never baked in); on a
 device backend the same path keeps the position on the device and masks instead.
+
+Where the plan asks for onnxruntime's rounding (`NodeInfo.onnxruntime_rounding`: a model
+that requantizes activations, such as a genai int4 export), float32 on the numpy backend
+rounds as onnxruntime's CPU kernels do, bit for bit: rotary embeddings by MLAS's rotary
+kernel (`ort_float32.rotate_pair`, `onnxruntime_rotary`) and GroupQueryAttention's
+attention by MLAS's flash and decode kernels (`mlas_attention`, where MLAS takes its
+AVX2 kernels), in the general path (`attention_as_onnxruntime`) and in both one-token
+paths. Elsewhere numpy's own arithmetic (within a few ulps), and the rotation matrix of
+constant cos/sin caches (`rotary_matrix`) in the prepared decode call.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import numpy as np
 
 from ..addresses import SameArrays, address, items_at
 from ..errors import KernelError
+from . import mlas_attention, mlas_isa
 from .contrib import (
     F16,
     F32,
@@ -37,6 +47,7 @@ from .contrib import (
     used,
 )
 from .gqa_host_decode import SIGNS, HostDecode, caches_in, write_presents
+from .ort_float32 import rotate_pair
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -53,29 +64,50 @@ from .rotary_matrix import RotationMatrix, rotation_matrix
 # --- rotary embedding ---------------------------------------------------------------
 
 
-def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool) -> Any:
+def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
+           as_onnxruntime: bool = False) -> Any:
     """Rotary embedding of the last axis of `x` (first `rot_dim` features rotated).
 
     `cos`/`sin` broadcast against ``x[..., :rot_dim // 2]``. Non-interleaved pairs
-    feature i with i + rot_dim/2; interleaved pairs 2i with 2i + 1.
+    feature i with i + rot_dim/2; interleaved pairs 2i with 2i + 1. `as_onnxruntime`
+    (float32 host arrays, see `onnxruntime_rotary`): rounded as MLAS's rotary kernel
+    rounds them (`ort_float32.rotate_pair`).
     """
     half = rot_dim // 2
+    exact = as_onnxruntime and _float32_host(xp, x, cos, sin)
     if interleaved:
         x1 = x[..., 0:rot_dim:2]
         x2 = x[..., 1:rot_dim:2]
-        real = x1 * cos - x2 * sin
-        imag = x2 * cos + x1 * sin
+        if exact:
+            real, imag = rotate_pair(x1, x2, cos, sin)
+        else:
+            real = x1 * cos - x2 * sin
+            imag = x2 * cos + x1 * sin
         rot = xp.stack([real, imag], axis=-1).reshape(real.shape[:-1] + (rot_dim,))
     else:
         x1 = x[..., :half]
         x2 = x[..., half:rot_dim]
-        rot = xp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        pair = rotate_pair(x1, x2, cos, sin) if exact else (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        rot = xp.concatenate(pair, axis=-1)
     if rot_dim < x.shape[-1]:
         rot = xp.concatenate([rot, x[..., rot_dim:]], axis=-1)
     return rot
 
 
-def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool) -> Any:
+def onnxruntime_rotary(info: NodeInfo) -> bool:
+    """Whether a kernel rotates float32 on the host as onnxruntime's CPU kernels do:
+    where the plan asks for onnxruntime's rounding, on x86-64 CPUs with AVX2 / FMA
+    (MLAS's rotary kernel, ``MlasRotaryEmbedOneRow``: fma(x1, cos, -(x2 sin)),
+    fma(x1, sin, x2 cos), interleaved or not)."""
+    return info.xp is np and info.onnxruntime_rounding and mlas_isa.isa() in ("avx2", "avx512")
+
+
+def _float32_host(xp: Any, *arrays: Any) -> bool:
+    return xp is np and all(a.dtype == F32 for a in arrays)
+
+
+def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
+                 as_onnxruntime: bool = False) -> Any:
     """`rotate` of a 2-D [M, H] array by one cos/sin row ([rot_dim / 2]), into a fresh
     array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
 
@@ -83,6 +115,8 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
     swap(x) * (-sin, sin), the swap being a reversed view of the halves. b * -sin is
     exactly -(b * sin), so adding it is the subtraction, bit for bit.
     """
+    if as_onnxruntime and _float32_host(xp, x, cos, sin):
+        return rotate(xp, x, cos, sin, rot_dim, interleaved, True)
     rows, width = x.shape
     half = rot_dim // 2
     if interleaved:
@@ -131,6 +165,7 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
     rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
     interleaved = int(info.attr("interleaved", 0)) == 1
     dtype = out_dtype(info)
+    as_onnxruntime = onnxruntime_rotary(info)
     if rotary_dim_attr > 0 and num_heads <= 0:
         raise KernelError(f"RotaryEmbedding node {info.name!r}: num_heads must be given "
                           "with rotary_embedding_dim")
@@ -156,10 +191,11 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
         cos = _gather_rows(xp, cos_cache, positions, ct)[..., : rot_dim // 2]
         sin = _gather_rows(xp, sin_cache, positions, ct)[..., : rot_dim // 2]
         if x.ndim == 4:
-            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved)
+            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved,
+                       as_onnxruntime)
         else:
             xr = x.reshape(batch, seq, n_heads, head_size).astype(ct, copy=False)
-            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
+            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved, as_onnxruntime)
         return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
 
     return run
@@ -177,6 +213,7 @@ def build_rotary_embedding(info: NodeInfo) -> KernelFn:
     rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
     interleaved = int(info.attr("interleaved", 0)) == 1
     dtype = out_dtype(info)
+    as_onnxruntime = onnxruntime_rotary(info)
 
     def run(inputs: list, outs: list) -> tuple:
         x, cos_cache, sin_cache, position_ids = pad_inputs(inputs, 4)[:4]
@@ -202,10 +239,11 @@ def build_rotary_embedding(info: NodeInfo) -> KernelFn:
         cos = cos[..., : rot_dim // 2]
         sin = sin[..., : rot_dim // 2]
         if x.ndim == 4:
-            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved)
+            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved,
+                       as_onnxruntime)
         else:
             xr = x.reshape(batch, seq, num_heads, head_size).astype(ct, copy=False)
-            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved)
+            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved, as_onnxruntime)
         return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
 
     return run
@@ -295,6 +333,44 @@ def _overlap(a: Any, b: Any) -> bool:
 
 
 # --- GroupQueryAttention ----------------------------------------------------------------
+
+
+def attention_as_onnxruntime(q: Any, k_cache: Any, v_cache: Any, seqlens_k: Any, attention_bias: Any, *,
+                             kv_heads: int, scale: float, local_window: int) -> Any:
+    """GroupQueryAttention's general path where onnxruntime takes MLAS's flash kernel
+    (numpy, float32): attention as that kernel rounds it (`mlas_attention`), [B, N, S, H];
+    None where onnxruntime takes its other path (a total length of 1) or the attention
+    bias is narrower than a row's keys. q [B, N, S, H] (rotated), caches [B, KV, L, H]
+    holding each entry's rows 0..T_b-1 (T_b = seqlens_k[b] + 1, read on the host: the
+    numpy backend re-runs a recorded kernel at every replay)."""
+    batch, num_heads, seq, head_size = q.shape
+    group = num_heads // kv_heads
+    flat = seqlens_k.reshape(-1)
+    totals = [numpy_first_int(flat[b:b + 1]) + 1 for b in range(batch)]
+    if max(totals) <= 1 or min(totals) < 1 or max(totals) > k_cache.shape[2]:
+        return None
+    alpha = scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size))
+    attn = np.empty(q.shape, F32)
+    for b, total in enumerate(totals):
+        bias = None
+        if attention_bias is not None:
+            if attention_bias.shape[3] < total:
+                return None
+            rows = attention_bias[min(b, attention_bias.shape[0] - 1)].astype(F32, copy=False)  # [N|1, S, L]
+            bias = rows.reshape(((kv_heads, group) if rows.shape[0] != 1 else (1, 1)) + (seq, rows.shape[-1]))
+        keys, values = k_cache[b, :, :total], v_cache[b, :, :total]
+        if seq == 1:
+            window_start = total - local_window if 0 < local_window < total else 0
+            attn[b, :, 0] = mlas_attention.decode_attention(
+                q[b, :, 0].reshape(kv_heads, group, head_size), keys, values, alpha, window_start,
+                None if bias is None else bias[:, :, 0, :total]).reshape(num_heads, head_size)
+        else:
+            out = mlas_attention.flash_attention(
+                q[b].reshape(kv_heads, group, seq, head_size), keys, values, alpha, max(total - seq, 0), total,
+                local_window if local_window > 0 else -1, bias)
+            attn[b] = out.reshape(num_heads, seq, head_size)
+    return attn
+
 
 _GQA_INPUTS = 17
 _I_TOTAL = 6
@@ -447,6 +523,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # configuration, the prepared `HostDecode`
     steady = SameArrays()
     plain_host = xp is np and softcap == 0.0 and not smooth_softmax
+    # float32 on the host where the plan asks for onnxruntime's rounding: MLAS's rotary
+    # kernel, and, where onnxruntime runs MLAS's FMA3 softmax, its flash attention
+    # (`mlas_attention`; softcap and smooth softmax take onnxruntime's other path)
+    exact_rotary = onnxruntime_rotary(info)
+    exact_attention = exact_rotary and mlas_isa.isa() == "avx2" and plain_host and local_window != 0
 
     def rotation_of(inputs: list) -> RotationMatrix | None:
         """The shared rotation matrix of the model's own cos/sin caches (initializers, never
@@ -537,7 +618,8 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         return HostDecode.prepare(inputs, outs, num_heads=num_heads, kv_heads=kv_num_heads,
                                   head_size=head_size, scale=scale_attr, rotary=do_rotary,
                                   interleaved=interleaved,
-                                  rotation=rotation_of(inputs))
+                                  rotation=None if exact_rotary else rotation_of(inputs),
+                                  exact_rotary=exact_rotary, exact_attention=exact_attention)
 
     def steady_head_size(inputs: list, outs: list) -> int | None:
         """The head size when the one-token path applies to the arrays other than the
@@ -645,7 +727,8 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 q_rows = xp.concatenate((q_rows, key.reshape(kv_num_heads, head_size)))
             if c.dtype != ct:
                 c, sn = c.astype(ct), sn.astype(ct)
-            qk = _rotate_rows(xp, q_rows.astype(ct, copy=False), c, sn, 2 * c.shape[0], interleaved)
+            qk = _rotate_rows(xp, q_rows.astype(ct, copy=False), c, sn, 2 * c.shape[0], interleaved,
+                              exact_rotary)
             if qdt != ct:  # onnxruntime stores the rotated Q/K in T
                 qk = qk.astype(qdt).astype(ct)
             q, k_row = qk[:num_heads], qk[num_heads:]
@@ -694,6 +777,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         present_len = present_shape[2]
         pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
         presents = write_presents(outs, past_key, past_value, k_row, v_row, present_shape, shared, pos)
+        if exact_attention and ct == F32 and head_sink is None and presents[0].dtype == F32:
+            out = onnxruntime_decode(q, presents[0][0, :, :pos + 1], presents[1][0, :, :pos + 1],
+                                     attention_bias, 0, outs[0])
+            if out is not None:
+                return [out, presents[0], presents[1]] + [None] * (len(outs) - 3)
         start = max(pos - local_window + 1, 0) if local_window > 0 else 0
         bias = None
         if attention_bias is not None and min(attention_bias.shape[3], pos + 1) > start:
@@ -701,6 +789,28 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         out = attend_one_token(q, presents[0][0, :, start:pos + 1], presents[1][0, :, start:pos + 1], bias,
                                None, head_sink, outs[0], ct)
         return [out, presents[0], presents[1]] + [None] * (len(outs) - 3)
+
+    def onnxruntime_decode(q: Any, keys: Any, values: Any, attention_bias: Any, batch_index: int,
+                           out: Any) -> Any:
+        """One token's attention as onnxruntime's decode kernel rounds it
+        (`mlas_attention.decode_attention`): q [N, H] or [1, N, H], keys / values
+        [KV, T, H] (rows 0..T-1), into `out` ([1, 1, N * H]) or a new array; None
+        where the attention bias is narrower than T (onnxruntime reads T columns)."""
+        total, head_size = keys.shape[1], keys.shape[2]
+        bias = None
+        if attention_bias is not None:
+            if attention_bias.shape[3] < total:
+                return None
+            row = attention_bias[min(batch_index, attention_bias.shape[0] - 1), :, 0, :total].astype(F32, copy=False)
+            bias = row.reshape(kv_num_heads, group, total) if row.shape[0] != 1 else row.reshape(1, 1, total)
+        window_start = total - local_window if 0 < local_window < total else 0
+        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+        q_hidden = num_heads * head_size
+        fits = out is not None and out.dtype == F32 and out.shape == (1, 1, q_hidden) and out.flags.c_contiguous
+        target = out.reshape(kv_num_heads, group, head_size) if fits else None
+        result = mlas_attention.decode_attention(q.reshape(kv_num_heads, group, head_size), keys, values, alpha,
+                                                 window_start, bias, out=target)
+        return out if fits else emit(out, result.reshape(1, 1, q_hidden), dtype)
 
     def general(inputs: list, outs: list) -> list:
         (query, key, value, past_key, past_value, seqlens_k, total_tensor, cos_cache, sin_cache,
@@ -763,9 +873,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 positions = qpos
             cos = _gather_rows(xp, cos_cache, positions, ct)[:, None]  # [B, 1, S, rot/2]
             sin = _gather_rows(xp, sin_cache, positions, ct)[:, None]
-            q = rotate(xp, q, cos, sin, rot_dim, interleaved)
+            q = rotate(xp, q, cos, sin, rot_dim, interleaved, exact_rotary)
             if kv_seq:
-                k_new = rotate(xp, k_new, cos[:, :, :kv_seq], sin[:, :, :kv_seq], rot_dim, interleaved)
+                k_new = rotate(xp, k_new, cos[:, :, :kv_seq], sin[:, :, :kv_seq], rot_dim, interleaved,
+                               exact_rotary)
             if np.dtype(query.dtype) != ct:  # onnxruntime stores the rotated Q/K in T
                 q = q.astype(query.dtype).astype(ct)
                 k_new = k_new.astype(query.dtype).astype(ct)
@@ -806,39 +917,47 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         k_cache = working_cache(past_key, k_new)
         v_cache = working_cache(past_value, v_new)
 
-        # scores [B, KV, G, S, L]
-        alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
-        qg = q.reshape(batch, kv_num_heads, group, seq, head_size)
-        scores = xp.matmul(qg, k_cache[:, :, None].swapaxes(-1, -2)) * ct.type(alpha)
-        scores = _softcap(xp, scores, softcap)
-        if attention_bias is not None:
-            bias_len = attention_bias.shape[-1]
-            span = min(bias_len, work_len)
-            bias = attention_bias.astype(ct, copy=False)
-            bias = bias.reshape(bias.shape[0], bias.shape[1], 1, seq, bias_len)[..., :span]
-            if bias.shape[1] != 1:
-                bias = bias.reshape(bias.shape[0], kv_num_heads, group, seq, span)
-            if span < work_len:
-                pad = xp.zeros(bias.shape[:-1] + (work_len - span,), dtype=ct)
-                bias = xp.concatenate([bias, pad], axis=-1)
-            scores = scores + bias
+        qk_wanted = n_out > 3 and (outs[3] is not None or (used(info, 3) and bool(qk_output)))
+        attn = None
+        if (exact_attention and causal and query_seqlens is None and head_sink is None and not qk_wanted
+                and ct == F32 and np.dtype(query.dtype) == F32 and np.dtype(cache_dtype) == F32
+                and all(index < n_out and (outs[index] is not None or used(info, index)) for index in (1, 2))):
+            attn = attention_as_onnxruntime(q, k_cache, v_cache, seqlens_k, attention_bias, kv_heads=kv_num_heads,
+                                            scale=scale_attr, local_window=local_window)  # [B, N, S, H]
+        if attn is None:
+            # scores [B, KV, G, S, L]
+            alpha = scale_attr if scale_attr != 0.0 else 1.0 / float(np.sqrt(head_size))
+            qg = q.reshape(batch, kv_num_heads, group, seq, head_size)
+            scores = xp.matmul(qg, k_cache[:, :, None].swapaxes(-1, -2)) * ct.type(alpha)
+            scores = _softcap(xp, scores, softcap)
+            if attention_bias is not None:
+                bias_len = attention_bias.shape[-1]
+                span = min(bias_len, work_len)
+                bias = attention_bias.astype(ct, copy=False)
+                bias = bias.reshape(bias.shape[0], bias.shape[1], 1, seq, bias_len)[..., :span]
+                if bias.shape[1] != 1:
+                    bias = bias.reshape(bias.shape[0], kv_num_heads, group, seq, span)
+                if span < work_len:
+                    pad = xp.zeros(bias.shape[:-1] + (work_len - span,), dtype=ct)
+                    bias = xp.concatenate([bias, pad], axis=-1)
+                scores = scores + bias
 
-        key_pos = slots[:, None, :]  # [1, 1, L]
-        allowed = key_pos < total_b[:, None, None]  # [B, 1, L]
-        if causal:
-            allowed = allowed & (key_pos <= qpos[:, :, None])
-        if local_window > 0:
-            allowed = allowed & (key_pos > qpos[:, :, None] - local_window)
-        allowed = allowed[:, None, None]  # [B, 1, 1, S|1, L]
+            key_pos = slots[:, None, :]  # [1, 1, L]
+            allowed = key_pos < total_b[:, None, None]  # [B, 1, L]
+            if causal:
+                allowed = allowed & (key_pos <= qpos[:, :, None])
+            if local_window > 0:
+                allowed = allowed & (key_pos > qpos[:, :, None] - local_window)
+            allowed = allowed[:, None, None]  # [B, 1, 1, S|1, L]
 
-        sink = None
-        if head_sink is not None:
-            sink = head_sink.astype(ct).reshape(1, kv_num_heads, group, 1, 1)
-        elif smooth_softmax:
-            sink = xp.zeros((1, 1, 1, 1, 1), dtype=ct)
-        probs = _masked_softmax(xp, scores, allowed, sink)
+            sink = None
+            if head_sink is not None:
+                sink = head_sink.astype(ct).reshape(1, kv_num_heads, group, 1, 1)
+            elif smooth_softmax:
+                sink = xp.zeros((1, 1, 1, 1, 1), dtype=ct)
+            probs = _masked_softmax(xp, scores, allowed, sink)
 
-        attn = xp.matmul(probs, v_cache[:, :, None])  # [B, KV, G, S, H]
+            attn = xp.matmul(probs, v_cache[:, :, None])  # [B, KV, G, S, H]
         attn = attn.reshape(batch, num_heads, seq, head_size).transpose(0, 2, 1, 3)
         results: list = [emit(outs[0], attn.reshape(batch, seq, num_heads * head_size), dtype, like=query)]
 

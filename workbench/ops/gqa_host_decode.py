@@ -15,9 +15,13 @@ one-token path of `contrib_attention` (scores scaled after the product,
 max-subtracted softmax). The rotation is too (x·cos + swap(x)·(−sin, sin)) where
 the cos/sin caches are computed at run time; where they are the model's constant
 initializers it is one matrix product (`rotary_matrix`), which may round the last
-bit differently. Only the plain configuration is taken here: full non-interleaved
-rotary or none, no softcap, attention bias, head sink or smooth softmax, and one
-float dtype throughout; anything else returns None and goes the general way.
+bit differently. Where the plan asks for onnxruntime's rounding (float32), both are
+onnxruntime's instead, as the general path computes them then: the rotation
+`ort_float32.rotate_pair` (``exact_rotary``) and the attention MLAS's decode kernel
+(`mlas_attention.decode_attention`, ``exact_attention``). Only the plain
+configuration is taken here: full non-interleaved rotary or none, no softcap,
+attention bias, head sink or smooth softmax, and one float dtype throughout; anything
+else returns None and goes the general way.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..addresses import address
+from .mlas_attention import decode_attention
+from .ort_float32 import rotate_pair
 from .registry import numpy_first_int
 from .rotary_matrix import RotationMatrix
 
@@ -89,12 +95,13 @@ class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
     __slots__ = ("alpha", "cos", "sin", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
-                 "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out")
+                 "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out", "exact_rotary", "exact_attention")
 
     @classmethod
     def prepare(cls, inputs: list, outs: list, *, num_heads: int, kv_heads: int, head_size: int,
                 scale: float, rotary: bool, interleaved: bool,
-                rotation: RotationMatrix | None) -> HostDecode | None:
+                rotation: RotationMatrix | None, exact_rotary: bool = False,
+                exact_attention: bool = False) -> HostDecode | None:
         """The prepared call for these arrays, or None where the plain configuration
         does not hold (the caller then takes the general one-token path)."""
         query, key, value = inputs[0], inputs[1], inputs[2]
@@ -111,6 +118,9 @@ class HostDecode:
             return None
         self = cls()
         self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
+        # onnxruntime's rounding applies to float32 only (the general path's condition too)
+        exact_rotary = self.exact_rotary = exact_rotary and ct == np.float32
+        self.exact_attention = exact_attention and ct == np.float32
         group = num_heads // kv_heads
         if key is None:
             v_rows = query.reshape(-1)[q_hidden + kv_hidden:q_hidden + 2 * kv_hidden]
@@ -139,7 +149,7 @@ class HostDecode:
         self.halves = source.reshape(rows, 2, half)
         self.swapped_halves = self.halves[:, ::-1]
         self.cos, self.sin = cos_cache, sin_cache
-        if rotation is not None and rotation.cos is cos_cache and rotation.sin is sin_cache:
+        if not exact_rotary and rotation is not None and rotation.cos is cos_cache and rotation.sin is sin_cache:
             self.rotation, self.rows = rotation, source.reshape(rows, head_size)
         self.rotated = np.empty((rows, 2, half), ct)
         self.swapped = np.empty((rows, 2, half), ct) if self.rotation is None else None  # elementwise form's scratch
@@ -154,6 +164,7 @@ class HostDecode:
         positive local window), into the output buffer."""
         past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
         position_ids = inputs[9] if len(inputs) > 9 else None
+        exact_rotary, exact_attention = self.exact_rotary, self.exact_attention  # flags `prepare` fixed
         p = numpy_first_int(seqlens_k)  # read every call: a recorded launch re-runs the kernel each replay
         present_len = present_shape[2]
         pos = min(max(p, 0), present_len - 1)
@@ -162,7 +173,11 @@ class HostDecode:
             r = min(max(r, 0), self.cos.shape[0] - 1)
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
-            if self.rotation is not None:  # constant caches: one product (`rotary_matrix`)
+            if exact_rotary:  # MLAS's rotary kernel's rounding
+                real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r])
+                self.rotated[:, 0] = real
+                self.rotated[:, 1] = imag
+            elif self.rotation is not None:  # constant caches: one product (`rotary_matrix`)
                 np.matmul(self.rows, self.rotation.at(r), out=self.rotated_rows)
             else:
                 np.multiply(self.halves, self.cos[r], out=self.rotated)
@@ -171,6 +186,11 @@ class HostDecode:
 
         presents = write_presents(outs, past_key, past_value, self.k_rows, self.v_rows, present_shape, shared, pos)
 
+        if exact_attention:  # every row 0..pos, the window's masked as onnxruntime masks them
+            total = pos + 1
+            decode_attention(self.q, presents[0][0, :, :total], presents[1][0, :, :total], self.alpha,
+                             total - window if 0 < window < total else 0, out=self.out)
+            return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
         start = max(pos - window + 1, 0) if window > 0 else 0
         scores = np.matmul(self.q, presents[0][0, :, start:pos + 1].transpose(0, 2, 1))
         scores *= self.alpha  # [KV, G, n]
