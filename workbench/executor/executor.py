@@ -9,6 +9,7 @@ signature skip straight to dispatch.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,29 @@ class _Dispatch:
     contiguous: tuple  # input positions the kernel needs C-contiguous
     skippable: bool  # an If that may be skipped (`PlanNode.skippable_if`)
     alias: tuple | None  # (output id, input id) the node writes in place of, for the trace
+    #: (kernel, its inputs from the values, output arrays, output ids) where the node
+    #: needs nothing but the kernel call (`plain_call`); None: the full `_dispatch_node`
+    plain: tuple | None = None
+
+
+def plain_call(d: _Dispatch) -> tuple | None:
+    """What the node loop needs to run `d` as a bare kernel call, where nothing else is
+    ever done for it: no If to skip, no buffer fetched or released, no view to take, no
+    input to make contiguous, no in-place write to report, every input given. Prepared
+    once per binding signature; the output arrays are `d.outs`, which a memo replay
+    refills in place."""
+    p = d.p
+    if (d.skippable or d.lazy or d.dynamic or d.view or d.release or d.contiguous or d.alias is not None
+            or not p.inputs or min(p.inputs) < 0 or not p.outputs or min(p.outputs) < 0):
+        return None
+    if len(p.inputs) == 1:
+        only = p.inputs[0]
+
+        def inputs_of(values: list, only: int = only) -> tuple:
+            return (values[only],)
+    else:
+        inputs_of = operator.itemgetter(*p.inputs)  # one C call: a tuple of the inputs
+    return (p.fn, inputs_of, d.outs, p.outputs)
 
 
 class Executor(DecodeMemoSteps):
@@ -203,13 +227,15 @@ class Executor(DecodeMemoSteps):
                 else:
                     outs[j] = self._buffer(owner, shapes[vid], v.dtype, p.index)
                     self.state.preallocated.append((p.index, j, vid, owner))
-            self.state.dispatch.append(_Dispatch(
+            d = _Dispatch(
                 p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
                 release=tuple(sp.release_after.get(p.index, ())),
                 contiguous=p.spec.contiguous_inputs,
                 skippable=p.skippable_if,
                 alias=in_place_pair(p, sp.in_place.get(p.index)),
-            ))
+            )
+            d.plain = plain_call(d)
+            self.state.dispatch.append(d)
 
     # -- running --------------------------------------------------------------------
 
@@ -263,7 +289,13 @@ class Executor(DecodeMemoSteps):
         folded = fold.nodes if action == "replayed" and fold is not None and fold.validated else ()
         self._folded = folded
 
+        # a node that is a bare kernel call (`plain_call`) runs here, unless a segment is
+        # being recorded or the backend's timers (not the host clock) time it
+        bare = node_log is None or clock is not None
+
         def run_nodes(indices, recorder=None):
+            nonlocal node_log  # extended in place (`+=`), never rebound to another list
+            plain_ok = bare and recorder is None
             for k in indices:
                 d = dispatch[k]
                 if k in folded:
@@ -272,7 +304,29 @@ class Executor(DecodeMemoSteps):
                 if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
                     reinstated.append(k)
                     continue
-                self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
+                call = d.plain
+                if call is None or not plain_ok:
+                    self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
+                    continue
+                fn, inputs_of, outs, outputs = call
+                ins = inputs_of(env)
+                try:
+                    if node_log is None:
+                        res = fn(ins, outs)
+                    else:
+                        t0 = clock()
+                        res = fn(ins, outs)
+                        node_log += (k, "eager", clock() - t0)
+                except Exception:  # noqa: BLE001 - the full dispatch reports or retries it
+                    # inputs are as they were (no in-place write here): run it again there
+                    self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
+                    continue
+                for j, vid in enumerate(outputs):
+                    r = res[j]
+                    if r is outs[j]:
+                        env[vid] = r
+                    else:
+                        env[vid] = self._store_output(d, j, vid, r, ins, rec, pinned, bindings)
 
         if self.jit_only:
             run_nodes(range(len(dispatch)))
@@ -409,26 +463,33 @@ class Executor(DecodeMemoSteps):
             if vid < 0:
                 continue
             r = res[j]
-            o = outs[j]
-            if r is o:
-                env[vid] = r
-            elif d.view and o is None:
-                env[vid] = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
-                if vid in self.state.capture.kept_values and self._owners.get(vid) == vid:
-                    env[vid] = self._keep(vid, env[vid])  # a layout copy a captured segment reads
-            elif o is not None and getattr(r, "shape", None) == o.shape:
-                o[...] = r
-                env[vid] = o
-            else:
-                env[vid] = self._adopt(p, vid, r, bindings)
-                if vid in self.state.capture.kept_values:  # read by a captured segment: keep its address
-                    env[vid] = self._keep(vid, env[vid])
+            env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, rec, pinned, bindings, outs)
         if recorder is not None:
             recorder.dispatched(d, ins, outs, env, self._owners)
         if rec is not None and d.alias is not None:
             rec.alias(*d.alias, p.index)
         for owner in d.release:
             self._release(owner, p.index, env, released)
+
+    def _store_output(self, d: _Dispatch, j: int, vid: int, r: Any, ins: Any, rec: Any, pinned: set[int],
+                      bindings: dict, outs: list | None = None) -> Any:
+        """What output `j` (value `vid`) of node `d` holds when the kernel did not hand
+        back its preallocated array: a view of input 0, its result copied into that
+        array, or a just-in-time result (a kept copy where a captured segment reads it)."""
+        p = d.p
+        o = (d.outs if outs is None else outs)[j]
+        if d.view and o is None:
+            value = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
+            if vid in self.state.capture.kept_values and self._owners.get(vid) == vid:
+                value = self._keep(vid, value)  # a layout copy a captured segment reads
+            return value
+        if o is not None and getattr(r, "shape", None) == o.shape:
+            o[...] = r
+            return o
+        value = self._adopt(p, vid, r, bindings)
+        if vid in self.state.capture.kept_values:  # read by a captured segment: keep its address
+            value = self._keep(vid, value)
+        return value
 
     def _keep(self, vid: int, arr: Any) -> Any:
         """A just-in-time result a captured segment reads, copied into the one buffer the

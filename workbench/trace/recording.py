@@ -93,6 +93,13 @@ GENERIC_CODE_BASE = 16
 CODE_RUN = -1
 #: runs shorter than this are written out at once
 _SHORT_RUN = 8
+#: a row of another per-step table logged among the node rows (`Recording.node_log`):
+#: its marker (a negative int, where a node row has a plan index or a tuple of them),
+#: then its fields in `TABLE_COLUMNS` order without the step
+LOG_VIEW, LOG_BUFFER, LOG_ALIAS, LOG_MATERIALIZE = -1, -2, -3, -4
+#: marker -> (event code, the table's pending list's index in `Recording._pending`, fields)
+_LOGGED_ROWS = {LOG_VIEW: (CODE_VIEW, 2, 6), LOG_BUFFER: (CODE_BUFFER, 1, 4), LOG_ALIAS: (CODE_ALIAS, 3, 3),
+                LOG_MATERIALIZE: (CODE_MATERIALIZE, 4, 4)}
 
 
 _STEP_RESERVED = frozenset(TABLE_COLUMNS["steps"]) | {"wall_ms"}
@@ -178,6 +185,60 @@ class _FlatRows:
         return zip(*[iter(self.fields)] * self.width)
 
 
+#: padding for a span's row in a pending list
+_NONES = (None,) * 8
+
+
+class _LoggedBlock:
+    """The node log as placed when it held rows of other tables too: node rows (a plan
+    index or a span's tuple of them, mode, duration_s) and marked rows (`_LOGGED_ROWS`)
+    one after another, in the order emitted."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: tuple) -> None:
+        self.fields = fields
+
+    def rows(self) -> Iterator[tuple]:
+        """(marker, or None for a node row; the row's fields) of each row, in order."""
+        fields = self.fields
+        i, n = 0, len(fields)
+        while i < n:
+            marker = fields[i]
+            if type(marker) is int and marker < 0:
+                width = _LOGGED_ROWS[marker][2]
+                yield marker, fields[i + 1:i + 1 + width]
+                i += 1 + width
+            else:
+                yield None, fields[i:i + 3]
+                i += 3
+
+    def codes(self) -> list[int]:
+        """The event code of each row it stands for, in order (a span: one per node)."""
+        out: list[int] = []
+        for marker, row in self.rows():
+            if marker is None:
+                k = row[0]
+                out.extend((CODE_NODE,) * (len(k) if type(k) is tuple else 1))
+            else:
+                out.append(_LOGGED_ROWS[marker][0])
+        return out
+
+
+class _LoggedTable:
+    """The rows of one table in a `_LoggedBlock` (marker None: the node rows): what a
+    table's pending list holds of the block, as a span."""
+
+    __slots__ = ("block", "marker")
+
+    def __init__(self, block: _LoggedBlock, marker: int | None) -> None:
+        self.block, self.marker = block, marker
+
+    def __iter__(self) -> Iterator[tuple]:
+        marker = self.marker
+        return (row for m, row in self.block.rows() if m == marker)
+
+
 def _expanded(flat: list, width: int, span_rows: Any) -> list:
     """A flat pending list with its spans replaced by the rows they stand for. A span
     takes one row's `width` fields, the step first and a tuple (or `_FlatRows`) in the
@@ -186,7 +247,7 @@ def _expanded(flat: list, width: int, span_rows: Any) -> list:
     out: list = []
     for i in range(0, len(flat), width):
         fields = flat[i:i + width]
-        if type(fields[1]) is tuple or type(fields[1]) is _FlatRows:
+        if type(fields[1]) in _SPANS:
             for row in span_rows(fields):
                 out.extend(row)
         else:
@@ -194,9 +255,12 @@ def _expanded(flat: list, width: int, span_rows: Any) -> list:
     return out
 
 
+_SPANS = (tuple, _FlatRows, _LoggedTable)
+
+
 def _node_span_rows(fields: list) -> list[tuple]:
     step, what, mode, share = fields
-    if type(what) is _FlatRows:  # a block of the node log: (plan index or span, mode, duration_s) each
+    if type(what) is _FlatRows or type(what) is _LoggedTable:  # a block of the node log: (plan index or span, mode, duration_s) each
         rows: list[tuple] = []
         for k, mode, duration in what:
             if type(k) is tuple:
@@ -244,8 +308,11 @@ class Recording:
         self._generic: dict[str, _Generic] = {}
         self._event_codes: list[int] = []  # `_order` as emitted so far: node rows still logged are not in it
         #: node rows not yet placed among the events: (plan index, or a tuple of plan
-        #: indices for a span; mode; duration_s) one after another (see `node_log`)
+        #: indices for a span; mode; duration_s) one after another (see `node_log`),
+        #: with the view, buffer, alias and materialize rows emitted between them, each
+        #: its marker and fields (`_LOGGED_ROWS`)
         self._node_log: list = []
+        self._logged = False  # whether the node log holds such rows
         #: the runs stood for by a CODE_RUN in `_event_codes` from index `_runs_from` on,
         #: oldest first, two entries each: the code, then the count (or a block of the
         #: node log, whose rows are counted when written out)
@@ -290,7 +357,10 @@ class Recording:
         for code in codes[start:]:
             if code == CODE_RUN:
                 run, n = runs[i], runs[i + 1]
-                out.extend((run,) * (n if type(n) is int else _node_rows_in(n)))
+                if type(n) is _LoggedBlock:
+                    out += n.codes()
+                else:
+                    out.extend((run,) * (n if type(n) is int else _node_rows_in(n)))
                 i += 2
             else:
                 out.append(code)
@@ -318,7 +388,8 @@ class Recording:
     def _expand_spans(self) -> None:
         """Rows of replayed segments, pending as one span each, in place."""
         for name, span_rows in (("node_exec", _node_span_rows), ("buffer", _row_span_rows),
-                                ("view", _row_span_rows)):
+                                ("view", _row_span_rows), ("alias", _row_span_rows),
+                                ("materialize", _row_span_rows)):
             flat = self._pending[name]
             flat[:] = _expanded(flat, len(TABLE_COLUMNS[name]), span_rows)
         self._spans = 0
@@ -407,6 +478,27 @@ class Recording:
         return self._node_log
 
     def _place_nodes(self) -> None:
+        """The logged rows into their tables and the event order. Node rows alone go as
+        one block (`_place_node_rows`); a log holding rows of other tables too goes
+        whole, as one `_LoggedBlock`: each table it has rows of takes a span over it,
+        and the event order a run standing for its rows, all written out in the order
+        logged when read (`_expand_spans`, `_write_runs`)."""
+        if not self._logged:
+            self._place_node_rows()
+            return
+        log = self._node_log
+        block = _LoggedBlock(tuple(log))
+        log.clear()
+        step = self._step
+        self._ne.extend((step, _LoggedTable(block, None), None, None))
+        pending = tuple(self._pending.values())
+        for marker, (_, table, width) in _LOGGED_ROWS.items():  # a span each (some may hold no row)
+            pending[table].extend((step, _LoggedTable(block, marker), *_NONES[:width - 1]))
+        self._spans += 1 + len(_LOGGED_ROWS)
+        self._logged = False
+        self._push_run(CODE_NODE, block)
+
+    def _place_node_rows(self) -> None:
         """The logged node rows into the node table and the event order as one block,
         written out row by row when read (`_expand_spans`, `_write_runs`): a step
         places a block after each run of eager nodes, and a row at a time cost most of
@@ -430,11 +522,11 @@ class Recording:
         self._push_run(CODE_NODE, block)
 
     def buffer(self, event: str, value_id: int, nbytes: int, plan_index: int) -> None:
-        """Buffer event: "alloc" | "reuse" | "release" | "pin"."""
-        if self._node_log:
-            self._place_nodes()
-        self._event_codes.append(CODE_BUFFER)
-        self._bu.extend((self._step, event, value_id, nbytes, plan_index))
+        """Buffer event: "alloc" | "reuse" | "release" | "pin". Logged among the node
+        rows, as are `view`, `alias` and `materialize`: a step emits them between its
+        kernels, and placing the logged node rows before each would cost a block each."""
+        self._node_log += (LOG_BUFFER, event, value_id, nbytes, plan_index)
+        self._logged = True
 
     def buffer_span(self, rows: tuple) -> None:
         """Many buffer events of this step, each (event, value_id, nbytes, plan_index): the
@@ -476,24 +568,18 @@ class Recording:
     def view(self, value_id: int, source_id: int, shape: tuple, strides: tuple, byte_offset: int,
              plan_index: int) -> None:
         """`value_id` is a view of owner `source_id`; strides in elements (may be negative or 0)."""
-        if self._node_log:
-            self._place_nodes()
-        self._event_codes.append(CODE_VIEW)
-        self._vi.extend((self._step, value_id, source_id, shape, strides, byte_offset, plan_index))
+        self._node_log += (LOG_VIEW, value_id, source_id, shape, strides, byte_offset, plan_index)
+        self._logged = True
 
     def alias(self, value_id: int, into_id: int, plan_index: int) -> None:
         """In place: `value_id` was written into `into_id`'s buffer."""
-        if self._node_log:
-            self._place_nodes()
-        self._event_codes.append(CODE_ALIAS)
-        self._al.extend((self._step, value_id, into_id, plan_index))
+        self._node_log += (LOG_ALIAS, value_id, into_id, plan_index)
+        self._logged = True
 
     def materialize(self, plan_index: int, value_id: int, nbytes: int, reason: str) -> None:
         """A kernel needed a copy of `value_id` (e.g. a contiguous input)."""
-        if self._node_log:
-            self._place_nodes()
-        self._event_codes.append(CODE_MATERIALIZE)
-        self._ma.extend((self._step, plan_index, value_id, nbytes, reason))
+        self._node_log += (LOG_MATERIALIZE, plan_index, value_id, nbytes, reason)
+        self._logged = True
 
     def liveness(self, rows: Iterable[tuple] | None = None,
                  nbytes: tuple[Sequence[int], Sequence[int]] | None = None) -> pd.DataFrame | None:
@@ -638,6 +724,7 @@ class Recording:
     def clear(self, static: bool = False) -> None:
         """Drop every step and event (numbering restarts at 0); static tables too if `static`."""
         self._node_log.clear()
+        self._logged = False
         self._runs.clear()
         self._lv_pending.clear()
         self._lv_last = self._lv_positions = None
