@@ -47,19 +47,19 @@ class _Dispatch:
     contiguous: tuple  # input positions the kernel needs C-contiguous
     skippable: bool  # an If that may be skipped (`PlanNode.skippable_if`)
     alias: tuple | None  # (output id, input id) the node writes in place of, for the trace
-    #: (kernel, its inputs from the values, output arrays, output ids) where the node
-    #: needs nothing but the kernel call (`plain_call`); None: the full `_dispatch_node`
+    #: (kernel, its inputs from the values, output arrays, output ids, `alias`) where the
+    #: node needs nothing but the kernel call (`plain_call`); None: the full `_dispatch_node`
     plain: tuple | None = None
 
 
 def plain_call(d: _Dispatch) -> tuple | None:
-    """What the node loop needs to run `d` as a bare kernel call, where nothing else is
-    ever done for it: no If to skip, no buffer fetched or released, no view to take, no
-    input to make contiguous, no in-place write to report, every input given. Prepared
-    once per binding signature; the output arrays are `d.outs`, which a memo replay
-    refills in place."""
+    """What the node loop needs to run `d` as a bare kernel call (and its in-place row,
+    if it writes over an input), where nothing else is ever done for it: no If to skip,
+    no buffer fetched or released, no view to take, no input to make contiguous, every
+    input given. Prepared once per binding signature; the output arrays are `d.outs`,
+    which a memo replay refills in place."""
     p = d.p
-    if (d.skippable or d.lazy or d.dynamic or d.view or d.release or d.contiguous or d.alias is not None
+    if (d.skippable or d.lazy or d.dynamic or d.view or d.release or d.contiguous
             or not p.inputs or min(p.inputs) < 0 or not p.outputs or min(p.outputs) < 0):
         return None
     if len(p.inputs) == 1:
@@ -69,7 +69,7 @@ def plain_call(d: _Dispatch) -> tuple | None:
             return (values[only],)
     else:
         inputs_of = operator.itemgetter(*p.inputs)  # one C call: a tuple of the inputs
-    return (p.fn, inputs_of, d.outs, p.outputs)
+    return (p.fn, inputs_of, d.outs, p.outputs, d.alias)
 
 
 class Executor(DecodeMemoSteps):
@@ -308,7 +308,7 @@ class Executor(DecodeMemoSteps):
                 if call is None or not plain_ok:
                     self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
                     continue
-                fn, inputs_of, outs, outputs = call
+                fn, inputs_of, outs, outputs, alias = call
                 ins = inputs_of(env)
                 try:
                     if node_log is None:
@@ -317,16 +317,18 @@ class Executor(DecodeMemoSteps):
                         t0 = clock()
                         res = fn(ins, outs)
                         node_log += (k, "eager", clock() - t0)
-                except Exception:  # noqa: BLE001 - the full dispatch reports or retries it
-                    # inputs are as they were (no in-place write here): run it again there
-                    self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
-                    continue
+                except WorkbenchError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - reported or retried as `_dispatch_node` does
+                    res = self._retry_unallocated(d.p, ins, outs, e)
                 for j, vid in enumerate(outputs):
                     r = res[j]
                     if r is outs[j]:
                         env[vid] = r
                     else:
                         env[vid] = self._store_output(d, j, vid, r, ins, rec, pinned, bindings)
+                if alias is not None and rec is not None:
+                    rec.alias(*alias, k)
 
         if self.jit_only:
             run_nodes(range(len(dispatch)))
