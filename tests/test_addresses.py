@@ -11,7 +11,7 @@ import gc
 import numpy as np
 import pytest
 
-from workbench.addresses import address
+from workbench.addresses import address, rooted_addresses
 from workbench.executor.views import KnownAddresses, storage_root
 
 
@@ -116,3 +116,21 @@ def test_holds_now_is_true_only_while_the_very_objects_are_there():
     del buffers["x"]
     with pytest.raises(KeyError):
         check(buffers)
+
+
+def test_rooted_addresses_read_each_array_and_the_one_under_it():
+    """Owning arrays and views of them read in bulk give what reading each one does
+    (`KnownAddresses.where`); an array over another kind of buffer, or a subclass,
+    gives None (read one at a time)."""
+    cache = np.zeros((2, 3, 16, 8), np.float32)
+    owned = np.arange(6, dtype=np.int64).reshape(1, 6)
+    arrays = (owned, cache[:, :, :5], cache[:, 1:, 2:9], np.empty(0, np.float32))
+    got = rooted_addresses(arrays)
+    where = KnownAddresses()
+    want = [where.where(a) for a in arrays]
+    assert list(got[0]) == [w[0] for w in want]
+    assert list(got[1]) == [w[2] for w in want]
+    foreign = np.frombuffer(bytearray(32), np.float32)  # its base is no numpy array
+    assert rooted_addresses((owned, foreign)) is None
+    assert rooted_addresses((owned, cache.view(np.recarray))) is None
+    assert rooted_addresses(()) is None

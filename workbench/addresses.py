@@ -89,6 +89,24 @@ def owned_addresses(arrays: tuple) -> array | None:
         return None
 
 
+def rooted_addresses(arrays: tuple) -> tuple[array, array] | None:
+    """(`address` of each array, `address` of the array under it) in a few passes of C
+    calls, where every one is a plain numpy array that owns its bytes or is a view of
+    one that does (a KV cache's past, a slice of a bigger buffer); else None. The array
+    under an owning one is itself."""
+    try:
+        if _DATA_FIELD is None or not arrays or set(map(type, arrays)) != {np.ndarray}:
+            return None
+        bases = [a if b is None else b for a, b in zip(arrays, map(_BASE, arrays))]
+        if set(map(type, bases)) != {np.ndarray} or set(map(_BASE, bases)) != {None}:
+            return None
+        read = _DATA_FIELD.__add__
+        return (array("Q", map(_VALUE, map(_read_pointer, map(read, map(id, arrays))))),
+                array("Q", map(_VALUE, map(_read_pointer, map(read, map(id, bases))))))
+    except TypeError:  # a base that cannot be hashed, or a null pointer read as None
+        return None
+
+
 def same_objects(now: Any, then: tuple) -> bool:
     """Whether two sequences hold the very same objects, position by position (for a
     cache keyed on arrays that are held meanwhile, so no identity is reused)."""

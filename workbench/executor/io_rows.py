@@ -6,8 +6,8 @@ base being the buffer at the bottom of the array's view chain (`KnownAddresses.w
 This runs at the end of every traced step, and a decode loop hands the executor new
 arrays most steps (a growing cache: every past and present), so every array is read
 every step, as cheaply as can be: where all are plain numpy arrays owning their bytes
-(each its own base), in a few passes of C calls over all of them (`owned_addresses`),
-else one at a time. The numbers lie in arrays('Q'), a column each, that the Recording
+(each its own base) or views of such arrays (a fixed cache's pasts), in a few passes of
+C calls over all of them (`owned_addresses`, `rooted_addresses`), else one at a time. The numbers lie in arrays('Q'), a column each, that the Recording
 keeps with the layout as one block (`IoBlock`): no int or tuple per row for the step to
 make, nor for the garbage collector to count; a step whose numbers are the last step's
 hands it the very same block again (a fixed cache binds the same arrays every step).
@@ -20,12 +20,13 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from ..addresses import owned_addresses
+from ..addresses import owned_addresses, rooted_addresses
 from ..tables import IO_BUFFERS_COLUMNS
 from .views import KnownAddresses
 
 NUMBERS = len(IO_BUFFERS_COLUMNS) - 2  # a row's numbers: all but value id and role
 _NBYTES = operator.attrgetter("nbytes")
+_BASE = operator.attrgetter("base")
 
 
 class IoBlock:
@@ -71,7 +72,13 @@ class IoRows:
             sizes = array("Q", map(_NBYTES, arrays))
             columns = (addrs, sizes, addrs, sizes)
         else:
-            positions, columns = self._read_each(arrays, addresses)
+            rooted = rooted_addresses(arrays)
+            if rooted is not None:  # each its own base, or a view of one that is
+                sizes = array("Q", map(_NBYTES, arrays))
+                bases = [a if b is None else b for a, b in zip(arrays, map(_BASE, arrays))]
+                columns = (rooted[0], sizes, rooted[1], array("Q", map(_NBYTES, bases)))
+            else:
+                positions, columns = self._read_each(arrays, addresses)
         last = self._last
         if last is not None and last.same_rows(layout, positions, columns):
             return last
