@@ -51,7 +51,7 @@ import functools
 import numpy as np
 
 from .mlas_isa import l2_cache_bytes
-from .ort_float32 import fma_chain, fma_step
+from .ort_float32 import _any_halfway, fma_chain, fma_step
 from .registry import numpy_any
 
 F32 = np.dtype(np.float32)
@@ -98,10 +98,40 @@ def _exp_steps(x: np.ndarray, fma) -> np.ndarray:
     return np.multiply(p, scale, dtype=F32)
 
 
+class _Fmas:
+    """fma steps as float64 sums rounded to float32, every sum kept in one buffer so a
+    single check afterwards finds any that fell halfway (`tie`: then the caller redoes
+    the computation with `_fma`, which rounds such sums exactly)."""
+
+    __slots__ = ("sums", "used")
+
+    def __init__(self, steps: int, shape: tuple) -> None:
+        self.sums = np.empty((steps,) + shape, F64)
+        self.used = 0
+
+    def __call__(self, a, b, c) -> np.ndarray:
+        total = np.multiply(a, b, out=self.sums[self.used], dtype=F64)
+        total += c
+        self.used += 1
+        return total.astype(F32)
+
+    @property
+    def tie(self) -> bool:
+        return numpy_any(_any_halfway(self.sums[:self.used]))
+
+
+#: the fma steps of `_exp_steps`
+_EXP_FMAS = 3 + len(_POLY) - 1
+
+
 def sum_exp(scores: np.ndarray, negmax: np.ndarray) -> tuple:
     """(exp(scores + negmax), their sums) as MLAS's FMA3 sum-exp kernel rounds them:
     `scores` float32 (..., n), `negmax` (..., 1); the sums have shape (...)."""
-    e = _exp_steps(np.add(scores, negmax, dtype=F32), _fma)
+    x = np.add(scores, negmax, dtype=F32)
+    steps = _Fmas(_EXP_FMAS, x.shape)
+    e = _exp_steps(x, steps)
+    if steps.tie:  # rare: a sum fell halfway between two float32 values
+        e = _exp_steps(x, _fma)
     return e, lane_sum(e)
 
 
