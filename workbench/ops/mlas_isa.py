@@ -9,16 +9,13 @@ for bit one of them is only that where onnxruntime takes the same one: the kerne
 of `ort_float32`, `mlas_attention` and `nbits_int8` ask here.
 
 The flags come from /proc/cpuinfo (Linux); elsewhere nothing is known and no variant
-is claimed. ``WORKBENCH_MLAS_ISA`` ("avx2", "avx512", "none") overrides the reading,
-for a test of the other variant's code on this machine (it does not change what
-onnxruntime runs, so a comparison with onnxruntime then says nothing).
+is claimed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 _AVX512_CORE = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 
@@ -44,9 +41,6 @@ def isa() -> str:
     """"avx512" (AVX-512 core), "avx2" (AVX2 and FMA, no AVX512F) or "none" (anything
     else: another architecture, an x86 CPU without FMA, AVX512F without the core set,
     or flags unknown)."""
-    forced = os.environ.get("WORKBENCH_MLAS_ISA", "").strip().lower()
-    if forced in ("avx2", "avx512", "none"):
-        return forced
     flags = cpu_flags()
     if _AVX512_CORE <= flags:
         return "avx512"
