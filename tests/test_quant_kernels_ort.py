@@ -63,6 +63,24 @@ def _peer(model):
         pytest.fail(f"onnxruntime refused the model: {e}")
 
 
+def _reference(model):
+    """onnx.reference's evaluator of `model` (the spec's arithmetic)."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model)
+
+
+def _onnxruntime_saturates_u8s8() -> bool:
+    """Whether onnxruntime's uint8 x int8 integer product saturates here: without VNNI,
+    MLAS's AVX2 kernel adds each pair of products with vpmaddubsw, into int16, before
+    widening (255 * 127 * 2 = 64770 comes out as 32767); the ONNX spec (and
+    onnx.reference, and workbench) accumulate exactly in int32."""
+    model = _model([helper.make_node("MatMulInteger", ["A", "B"], ["Y"])], {"A": np.zeros((1, 2), np.uint8)},
+                   {"B": np.full((2, 1), 127, np.int8)}, ["Y"], 13)
+    got = _peer(model).run(None, {"A": np.full((1, 2), 255, np.uint8)})[0]
+    return int(got.reshape(-1)[0]) != 255 * 127 * 2
+
+
 def differential(model, fill, *, exact=True, rtol=2e-6, bits=(), skip_outputs=()):
     """Run `model` RUNS times on both runtimes; `fill(rng, run)` -> {name: array} refills the
     same input buffers each run. `bits`: outputs compared as raw bytes (float8 that
@@ -248,6 +266,41 @@ def test_matmul_integer(a_type, b_type, zp):
     model = _model([helper.make_node("MatMulInteger", names, ["Y"])], {"A": np.zeros((M, K), a_type)}, inits,
                    ["Y"], 13)
     differential(model, lambda rng, run: {"A": _ints(rng, a_type, (M, K))})
+
+
+@pytest.mark.parametrize("zp", ["none", "scalar", "per_column"])
+def test_uint8_int8_products_saturate_where_onnxruntimes_do(zp):
+    """Without VNNI, onnxruntime's uint8 x int8 kernels add each pair of products into
+    int16 with saturation (`vpmaddubsw`): workbench takes them so where the plan asks for
+    onnxruntime's arithmetic (a quantized model, by default), bit for bit; with
+    onnxruntime_rounding="never" it keeps the spec's exact sums, onnx.reference's. Inputs
+    at the extremes (255 x 127 pairs saturate), 8 runs refilling A in place."""
+    M, K, N = 4, 33, 16  # an odd K: the last product is a pair of its own
+    r = rng_for("saturating", zp)
+    inits = {"B": np.where(r.random((K, N)) < 0.5, 127, -128).astype(np.int8)}
+    names = ["A", "B"]
+    if zp == "scalar":
+        inits.update(a_zp=np.array(7, np.uint8), b_zp=np.array(-3, np.int8))
+        names += ["a_zp", "b_zp"]
+    elif zp == "per_column":
+        inits.update(b_zp=_ints(r, np.int8, (N,)))
+        names += ["", "b_zp"]
+    model = _model([helper.make_node("MatMulInteger", names, ["Y"])], {"A": np.zeros((M, K), np.uint8)}, inits,
+                   ["Y"], 13)
+
+    def fill(rng, run):
+        return {"A": np.where(rng.random((M, K)) < 0.8, 255, rng.integers(0, 256, (M, K))).astype(np.uint8)}
+
+    ours = differential(model, fill)  # onnxruntime's values, saturated or not
+    assert ours.executor.plan.nodes[0].info.onnxruntime_rounding
+    saturates = _onnxruntime_saturates_u8s8()
+    from workbench.ops.quantize import u8s8_pairs_saturate
+    assert u8s8_pairs_saturate() == saturates, "the CPU reading disagrees with onnxruntime's behaviour"
+    exact = workbench.InferenceSession(model.SerializeToString(), SessionOptions(onnxruntime_rounding="never"))
+    a = fill(np.random.default_rng(3), 0)
+    spec = _reference(model).run(None, a)[0]
+    np.testing.assert_array_equal(exact.run(None, a)[0], spec)
+    assert saturates == (not np.array_equal(ours.run(None, a)[0], spec))
 
 
 def test_matmul_integer_batched_runtime_b():

@@ -39,6 +39,7 @@ from .quantize import (
     integer_matmul,
     quantize_values,
     requantize,
+    saturating_u8s8,
 )
 from .registry import KernelFn, NodeInfo, register
 
@@ -58,10 +59,11 @@ def _scaled(xp: Any, acc: Any, multiplier: Any, bias: Any) -> Any:
 def build_matmul_integer_to_float(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
+    saturate = saturating_u8s8(info)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, a_scale, b_scale, a_zp, b_zp, bias = pad_inputs(inputs, 7)[:7]
-        acc = integer_matmul(xp, a, b, a_zp, b_zp, where)
+        acc = integer_matmul(xp, a, b, a_zp, b_zp, where, saturate)
         n = acc.shape[-1]
         multiplier = (_scale_vector(xp, a_scale, 1, where, "a_scale")
                       * _scale_vector(xp, b_scale, n, where, "b_scale")).astype(F32)
@@ -74,6 +76,7 @@ def build_matmul_integer_to_float(info: NodeInfo) -> KernelFn:
 def build_dynamic_quantize_matmul(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
+    saturate = saturating_u8s8(info)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, b_scale, b_zp, bias = pad_inputs(inputs, 5)[:5]
@@ -81,7 +84,7 @@ def build_dynamic_quantize_matmul(info: NodeInfo) -> KernelFn:
             raise KernelError(f"{where}: input B has dtype {b.dtype}, expected int8 or uint8")
         a_scale, a_zp = dynamic_uint8_params(xp, a)
         qa = quantize_values(xp, a, a_scale, a_zp, U8)
-        acc = integer_matmul(xp, qa, b, a_zp, b_zp, where)
+        acc = integer_matmul(xp, qa, b, a_zp, b_zp, where, saturate)
         n = acc.shape[-1]
         multiplier = (a_scale * _scale_vector(xp, b_scale, n, where, "b_scale")).astype(F32)
         return (_store(outs[0], _scaled(xp, acc, multiplier, bias)),)
@@ -93,6 +96,7 @@ def build_dynamic_quantize_matmul(info: NodeInfo) -> KernelFn:
 def build_qgemm(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
+    saturate = saturating_u8s8(info)
     alpha = np.float32(info.attr("alpha", 1.0))
     trans_a = bool(info.attr("transA", 0))
     trans_b = bool(info.attr("transB", 0))
@@ -107,7 +111,7 @@ def build_qgemm(info: NodeInfo) -> KernelFn:
             b = b.T
             if b_zp is not None and b_zp.size > 1:
                 b_zp = b_zp.reshape(-1)
-        acc = integer_matmul(xp, a, b, a_zp, b_zp, where)
+        acc = integer_matmul(xp, a, b, a_zp, b_zp, where, saturate)
         if c is not None:
             acc = acc + c.astype(np.float64)
         n = acc.shape[-1]

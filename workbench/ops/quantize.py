@@ -20,7 +20,12 @@ pinned by ``tests/test_quant_kernels_ort.py``:
 - DynamicQuantizeLinear: uint8, ``scale = (max(x, 0) - min(x, 0)) / 255`` (1 when that
   range is empty), ``zero_point = round_half_even(clamp(-min / scale, 0, 255))``.
 - MatMulInteger / QLinearMatMul: the int32 accumulation of ``(a - a_zp) @ (b - b_zp)`` is
-  exact (computed as a float64 product: every partial sum is an integer far below 2^53);
+  exact (computed as a float64 product: every partial sum is an integer far below 2^53),
+  except uint8 x int8 on a CPU whose onnxruntime kernel saturates (`u8s8_pairs_saturate`:
+  x86-64 without VNNI, where MLAS adds each pair of products into int16 with
+  ``vpmaddubsw``), taken as it does there where the plan asks for onnxruntime's
+  arithmetic (``NodeInfo.onnxruntime_rounding``: onnxruntime's documented ``reduce_range``
+  caveat; the spec's exact sums otherwise);
   QLinearMatMul requantizes ``float32(acc) * float32(a_scale * b_scale / y_scale)``,
   rounded half to even, plus ``y_zp``, saturated (MLAS's requantize output processor).
 
@@ -35,12 +40,14 @@ import numpy as np
 from onnx import helper
 
 from ..errors import KernelError
+from . import mlas_isa
 from .contrib import F32, pad_inputs
 from .registry import KernelFn, NodeInfo, register
 
 F64 = np.dtype(np.float64)
 I32 = np.dtype(np.int32)
 U8 = np.dtype(np.uint8)
+I8 = np.dtype(np.int8)
 
 try:
     import ml_dtypes
@@ -326,17 +333,82 @@ def centred(xp: Any, q: Any, zp: Any, *, per: str, where: str, what: str) -> Any
                       f"{tuple(q.shape)}")
 
 
-def integer_matmul(xp: Any, a: Any, b: Any, a_zp: Any, b_zp: Any, where: str) -> Any:
-    """The exact int32 accumulation of (a - a_zp) @ (b - b_zp), held in float64."""
+#: CPU flags whose onnxruntime integer kernels multiply uint8 by int8 exactly (VNNI's
+#: vpdpbusd accumulates in int32; AMX tiles too)
+_EXACT_U8S8 = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+#: products of one saturating pass at most (memory held: 8 bytes each)
+_PAIR_CHUNK = 1 << 20
+
+
+def u8s8_pairs_saturate() -> bool:
+    """Whether onnxruntime's CPU kernels here add each pair of uint8 x int8 products into
+    int16 with saturation before accumulating in int32 (MLAS's AVX2 and AVX-512 core
+    kernels: ``vpmaddubsw``), as on an x86-64 CPU without VNNI. 255 * 127 * 2 = 64770
+    comes out as 32767 there."""
+    return mlas_isa.isa() in ("avx2", "avx512") and not (_EXACT_U8S8 & mlas_isa.cpu_flags())
+
+
+def saturating_u8s8(info: NodeInfo) -> bool:
+    """Whether a node's uint8 x int8 products are taken as onnxruntime's kernel takes them
+    on this CPU (`u8s8_pairs_saturate`): on the host, where the plan asks for
+    onnxruntime's arithmetic."""
+    return info.xp is np and info.onnxruntime_rounding and u8s8_pairs_saturate()
+
+
+def integer_matmul(xp: Any, a: Any, b: Any, a_zp: Any, b_zp: Any, where: str,
+                   saturate_pairs: bool = False) -> Any:
+    """The int32 accumulation of (a - a_zp) @ (b - b_zp), held in float64: exact, or with
+    `saturate_pairs` (a uint8 A, an int8 B, numpy) as onnxruntime's saturating kernel
+    computes it (`_u8s8_saturated`)."""
     if a.ndim == 0 or b.ndim == 0:
         raise KernelError(f"{where}: inputs must have rank >= 1, got {tuple(a.shape)} and {tuple(b.shape)}")
     k_a, k_b = a.shape[-1], b.shape[0] if b.ndim == 1 else b.shape[-2]
     if k_a != k_b:
         raise KernelError(f"{where}: A {tuple(a.shape)} and B {tuple(b.shape)} do not multiply "
                           f"(inner dimensions {k_a} and {k_b})")
+    if saturate_pairs and a.dtype == U8 and b.dtype == I8 and a.ndim >= 2 and b.ndim >= 2:
+        return _u8s8_saturated(a, b, a_zp, b_zp, where)
     av = centred(xp, a, a_zp, per="row", where=where, what="a_zero_point")
     bv = centred(xp, b, b_zp, per="col", where=where, what="b_zero_point")
     return xp.matmul(av, bv)
+
+
+def _u8s8_saturated(a: np.ndarray, b: np.ndarray, a_zp: Any, b_zp: Any, where: str) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp) as MLAS's saturating uint8 x int8 kernel computes it: the
+    raw products a[k] * b[k] summed in pairs (k = 0 and 1, 2 and 3, ...; an odd K's last
+    product alone) into int16 with saturation, the pairs summed in int32, then the zero
+    points applied exactly: - a_zp * sum(b) - b_zp * sum(a) + K * a_zp * b_zp. Measured
+    against onnxruntime 1.32 on an AVX2 CPU (tests/test_quant_kernels_ort.py)."""
+    k = a.shape[-1]
+    ai, bi = a.astype(np.int32), b.astype(np.int32)
+    if k % 2:
+        ai = np.concatenate((ai, np.zeros(ai.shape[:-1] + (1,), np.int32)), axis=-1)
+        bi = np.concatenate((bi, np.zeros(bi.shape[:-2] + (1, bi.shape[-1]), np.int32)), axis=-2)
+    a0, a1 = ai[..., 0::2], ai[..., 1::2]
+    b0, b1 = bi[..., 0::2, :], bi[..., 1::2, :]
+    m, n, pairs = a.shape[-2], b.shape[-1], a0.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    raw = np.zeros(batch + (m, n), np.int64)
+    step = max(1, _PAIR_CHUNK // max(1, m * n * int(np.prod(batch, dtype=np.int64))))
+    for start in range(0, pairs, step):
+        part = slice(start, min(pairs, start + step))
+        pair = a0[..., :, part, None] * b0[..., None, part, :]
+        pair += a1[..., :, part, None] * b1[..., None, part, :]
+        np.clip(pair, -32768, 32767, out=pair)
+        raw += pair.sum(axis=-2)
+    acc = raw.astype(F64)
+    # minus each zero point, shaped as `centred` shapes it: A's per row ([..., M, 1]), B's per column ([..., 1, N])
+    minus_za = centred(np, np.zeros(a.shape[:-1] + (1,), np.uint8), a_zp, per="row", where=where,
+                       what="a_zero_point") if a_zp is not None else None
+    minus_zb = centred(np, np.zeros(b.shape[:-2] + (1, n), np.int8), b_zp, per="col", where=where,
+                       what="b_zero_point") if b_zp is not None else None
+    if minus_za is not None:
+        acc = acc + minus_za * b.astype(F64).sum(axis=-2, keepdims=True)
+    if minus_zb is not None:
+        acc = acc + a.astype(F64).sum(axis=-1, keepdims=True) * minus_zb
+    if minus_za is not None and minus_zb is not None:
+        acc = acc + k * minus_za * minus_zb
+    return acc
 
 
 _INT8S = frozenset({np.dtype(np.int8), U8})
@@ -346,10 +418,11 @@ _INT8S = frozenset({np.dtype(np.int8), U8})
 def build_matmul_integer(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
+    saturate = saturating_u8s8(info)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, a_zp, b_zp = pad_inputs(inputs, 4)[:4]
-        acc = integer_matmul(xp, a, b, a_zp, b_zp, where)
+        acc = integer_matmul(xp, a, b, a_zp, b_zp, where, saturate)
         return (_store(outs[0], acc.astype(I32)),)
 
     return run
@@ -378,10 +451,11 @@ def _scale_vector(xp: Any, s: Any, n: int, where: str, what: str) -> Any:
 def build_qlinear_matmul(info: NodeInfo) -> KernelFn:
     xp = info.xp
     where = _where(info)
+    saturate = saturating_u8s8(info)
 
     def run(inputs: list, outs: list) -> tuple:
         a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = pad_inputs(inputs, 8)[:8]
-        acc = integer_matmul(xp, a, b, a_zp, b_zp, where)
+        acc = integer_matmul(xp, a, b, a_zp, b_zp, where, saturate)
         n = acc.shape[-1]
         a_s = _scale_vector(xp, a_scale, 1, where, "a_scale")
         b_s = _scale_vector(xp, b_scale, n, where, "b_scale")

@@ -19,19 +19,22 @@ SMALL_CONSTANT = 64  # elements: initializers this small are shown to kernel bui
 
 
 #: ops that quantize float activations at run time (a static scale, a dynamic one, or
-#: int8 products inside): one ulp of difference upstream can move a value to the next
-#: integer, and the difference grows from there
-ACTIVATION_QUANTIZERS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul",
-                                   "DynamicQuantizeLSTM", "QAttention", "QGemm"})
+#: int8 products inside), where one ulp of difference upstream can move a value to the
+#: next integer and the difference grows from there; and ops multiplying quantized
+#: integers, whose sums onnxruntime's kernels take in their own way on some CPUs
+#: (`ops.quantize.u8s8_pairs_saturate`)
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeMatMul",
+                           "DynamicQuantizeLSTM", "QAttention", "QGemm", "MatMulInteger", "QLinearMatMul",
+                           "MatMulIntegerToFloat", "ConvInteger", "QLinearConv"})
 
 
 def requantizes_activations(graph: Graph) -> bool:
     """Whether any node of `graph` or its subgraphs quantizes float activations at run
-    time: an op of ACTIVATION_QUANTIZERS, or a MatMulNBits computed in int8
-    (accuracy_level 4: onnxruntime quantizes its A per block). There, the float32 work
-    before it must round as onnxruntime's does for the integers to agree."""
+    time or multiplies quantized integers: an op of QUANTIZED_OPS, or a MatMulNBits
+    computed in int8 (accuracy_level 4: onnxruntime quantizes its A per block). There,
+    the work must be done as onnxruntime does it for the integers to agree."""
     for node in graph.nodes:
-        if node.op_type in ACTIVATION_QUANTIZERS:
+        if node.op_type in QUANTIZED_OPS:
             return True
         if node.op_type == "MatMulNBits":
             zero_points = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] >= 0 else None
