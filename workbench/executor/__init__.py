@@ -3,13 +3,17 @@
 One decode step, in the order a newcomer can read it:
 
 1. `executor.py` `Executor.run`: enter the slot's `SlotState` (`slot_state.py`), bind
-   symbols (`shapes.py`), prepare the step, run the nodes, shadow-check, record.
+   symbols (`shapes.py`), prepare the step, make the run's scratch (`step_run.py`
+   `StepRun`: the values, the node loop, owners, views, what the memo serves), hand it
+   to the capture runner, shadow-check, record (`step_trace.py`).
 2. `memo_steps.py` `_plan_step`: full preparation or a decode-plan memo replay; the
    decisions themselves are pure functions in `memo.py`, the storage layout in
    `storage.py`.
 3. `capture_runner.py` `run_step`: eager, capture or replay per captured segment; the
-   segmentation and every decline reason are pure functions in `capture.py`.
-4. `executor.py` `_dispatch_node`: one kernel call (`ops/`), views and in-place writes.
+   segmentation, every decline reason and the captured graph itself (`CapturedGraph`:
+   its signature, `mismatch`, `replay`, `free`) are in `capture.py`.
+4. `executor.py` `_run_nodes`: the node loop — a bare kernel call (`ops/`) straight
+   from it, anything more (views, in-place writes, buffers) through `_dispatch_node`.
 5. `shadow.py`: on a step a mechanism served, the eager re-execution and comparison.
 """
 

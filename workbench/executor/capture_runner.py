@@ -27,7 +27,7 @@ eager step or makes its node a seam with a reason:
   is a validated shape-fold value (`baked`: host copies taken at an eager rebuild step
   and checked at an eager replay; `run_step` does not capture while a fold awaits its
   check), and a read anyway raises `CaptureViolation` (quarantine);
-- view geometry (`observed_views`), the Stage-2 guard (`_param_keys`: fold values'
+- view geometry (`StepRun.observed`), the Stage-2 guard (`_param_keys`: fold values'
   host twins inside segments), memo verification: addresses, shapes and strides,
   which a recorded launch has as a real one does;
 - the shadow check, bound-output copies and the caller's outputs: after the step,
@@ -61,18 +61,20 @@ from .capture import (
     shape_derived_values,
     small_enough_to_bake,
 )
+from .step_run import StepRun
 from .step_trace import StepTrace
 
 
 class CaptureRunner:
-    def __init__(self, executor: Any):
-        self.ex = executor  # the step's state (slot, dispatch, storage), views and baked values
-        # what the executor runs, fixed for its life: read here without going through it
-        self.plan, self.graph, self.backend = executor.plan, executor.graph, executor.backend
-        self.options, self.env = executor.options, executor.env
-        self.input_symbols = executor.input_symbols
+    """The capture side of an executor: what it runs is fixed for its life and given
+    here; each step comes as a `StepRun` (the slot, the values, the node loop)."""
+
+    def __init__(self, plan: Any, graph: Any, backend: Any, options: Any, env: list,
+                 input_symbols: Any, trace: StepTrace):
+        self.plan, self.graph, self.backend = plan, graph, backend
+        self.options, self.env = options, env
+        self.input_symbols = input_symbols
         self.clock = getattr(self.backend, "host_clock", None)  # see `Backend.host_clock`
-        graph = executor.graph
         self.build_growing = growing_symbols(graph)
         #: shape arithmetic a recording may bake where all of it is captured (`segment`)
         self.shape_derived = shape_derived_values(self.plan, graph.initializers)
@@ -83,16 +85,12 @@ class CaptureRunner:
             if i < len(p.inputs) and p.inputs[i] in graph.initializers)
         self._constant_copies: dict[int, Any] = {}
         self.quarantined: set[tuple[str, str]] = set()
-        #: plan indices served by a captured replay in the last step (for shadow)
-        self.replayed_nodes: list[int] = []
-        #: host seconds the last step spent replaying (an If branch's row tells its parent)
-        self.replayed_s = 0.0
         #: (the declines list, what `branch_fields` says of it)
         self._seam_summary: tuple = (None, "")
         self.control_flow_outputs = {
-            o for p in executor.plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
+            o for p in plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
         #: where the capture tables' rows are written (`step_trace`)
-        self.trace: StepTrace = executor.step_trace
+        self.trace: StepTrace = trace
 
     # -- deciding ------------------------------------------------------------------
 
@@ -106,13 +104,12 @@ class CaptureRunner:
             return "release_dead_values frees buffers between steps; captured graphs need stable addresses"
         return None
 
-    def growing(self, bound: dict[int, Any]) -> set[str]:
+    def growing(self, memo: Any, bound: dict[int, Any]) -> set[str]:
         """Symbols whose ops stay eager: KV lengths and whatever the memo saw varying,
         minus KV axes pinned to a fixed capacity (past bound as its own present)."""
-        ex = self.ex
         symbols = set(self.build_growing)
-        if ex.state.memo is not None:
-            symbols |= set(ex.state.memo.varying)
+        if memo is not None:
+            symbols |= set(memo.varying)
         return symbols - self.pinned_symbols(bound)
 
     def pinned_symbols(self, bound: dict[int, Any]) -> set[str]:
@@ -128,29 +125,30 @@ class CaptureRunner:
                 pinned.add(v.shape[2])
         return pinned
 
-    def segment(self, cap: SlotCapture, bound: dict[int, Any]) -> None:
+    def segment(self, step: StepRun, bound: dict[int, Any]) -> None:
         """Cut the plan into captured segments and seams. Shape arithmetic is baked in
         where every node computing it is captured (`shape_derived_values`): assumed of
         every candidate first, then withdrawn from each whose computation a seam holds,
         until what is assumed holds (each round only withdraws, so it ends)."""
-        ex = self.ex
-        growing = self.growing(bound)
+        state = step.state
+        cap = state.capture
+        growing = self.growing(state.memo, bound)
         values = self.graph.values
         bound_ids = set(bound)
-        folded = frozenset(ex.baked_values())
+        folded = frozenset(step.baked)
         observed = cap.seen[1] if cap.seen is not None else ()
         copies = None if self.backend.capture_executes_work else cap.derived_host
         # the warm-up's copies are taken after its step: a value whose bytes a later node
         # overwrote in place (an ALIAS of the same owner) no longer holds its own value then
-        overwritten = aliased_owners(ex.state.storage) if copies is not None else frozenset()
-        owner = ex.state.storage.owner
+        overwritten = aliased_owners(state.storage) if copies is not None else frozenset()
+        owner = state.storage.owner
         derived = {vid for vid in self.shape_derived
                    if vid not in cap.unbakeable and vid < len(observed) and small_enough_to_bake(observed[vid])
                    and (copies is None or (vid in copies and owner.get(vid, vid) not in overwritten))}
         while True:
             baked = folded | derived | self.host_constants
             declines: dict[int, CaptureDecline] = {}
-            for d in ex.state.dispatch:
+            for d in state.dispatch:
                 p = d.p
                 preallocated = [o is not None for o in d.outs]
                 decline = node_decline(p, preallocated, growing, bound_ids, self.quarantined, values, baked,
@@ -165,14 +163,14 @@ class CaptureRunner:
             derived = holding
         cap.segments, cap.declines = segments, final
         cap.derived = frozenset(derived)
-        self._keep_in_place(cap, bound_ids)
+        self._keep_in_place(cap, state.dispatch, bound_ids)
         # a recording that computes (the CPU's launch list) can leave out what replays
         # would recompute to the same values; a device stream records every kernel
         cap.constant = constant_nodes(
-            segments, self.plan, cap.derived, ex.state.storage,
+            segments, self.plan, cap.derived, state.storage,
             set(self.graph.outputs) | bound_ids) if self.backend.capture_executes_work else frozenset()
 
-    def _keep_in_place(self, cap: SlotCapture, bound: set[int]) -> None:
+    def _keep_in_place(self, cap: SlotCapture, dispatch: list, bound: set[int]) -> None:
         """Which inputs of the captured segments need a buffer of their own to keep their
         address: feeds that came at a new address each warm step (a plain `run` loop's
         fresh arrays), and values made just in time by a node outside the segments (a
@@ -180,7 +178,6 @@ class CaptureRunner:
         result). Everything else a segment reads is an initializer, a preallocated
         buffer or a caller-bound array, which keep their addresses while their shape
         holds."""
-        ex = self.ex
         plan, graph = self.plan, self.graph
         captured = [k for seg in cap.segments if seg.kind == "captured" for k in seg.nodes]
         inside = {o for k in captured for o in plan.nodes[k].outputs if o >= 0}
@@ -191,7 +188,6 @@ class CaptureRunner:
         reads -= inside | set(graph.initializers) | bound
         inputs = set(graph.inputs)
         outputs = set(graph.outputs)  # handed to the caller (a growing present uncopied): never reused
-        dispatch = ex.state.dispatch
         made_by = {vid: (d, j) for d in dispatch for j, vid in enumerate(d.p.outputs) if vid >= 0}
         kept, fed = set(), set()
         for vid in reads:
@@ -254,28 +250,26 @@ class CaptureRunner:
 
     # -- running a step --------------------------------------------------------------
 
-    def run_step(self, cap: SlotCapture, steady: bool, bound: dict[int, Any], run_nodes: Any,
-                 rec: Any, slot: str, bindings: dict[str, int]) -> str:
+    def run_step(self, step: StepRun, steady: bool, bound: dict[int, Any], slot: str) -> str:
         """Run the step's nodes; returns the capture mode used: eager, capture or replay."""
-        self.replayed_nodes = []
-        self.replayed_s = 0.0
+        cap, run_nodes, rec, bindings = step.state.capture, step.run_nodes, step.rec, step.bindings
         disabled = self.enabled_reason()
         if disabled is not None:
             run_nodes(range(len(self.plan.nodes)))
             if rec is not None:
                 self.trace.disabled(rec, slot, disabled)
             return "off"
-        action = cap.next_action(steady, self.ex.shape_fold_pending())
+        action = cap.next_action(steady, step.fold_pending)
         if action == "warm_up":
             if not steady and cap.installed:
                 self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
             return self._warm_up(cap, run_nodes, rec, slot, bindings)
         if action == "capture":
-            self.segment(cap, bound)
+            self.segment(step, bound)
             self.stage_feeds(cap)
-            return self._capture(cap, run_nodes, rec, slot, bindings)
+            return self._capture(step, slot)
         self.stage_feeds(cap)
-        return self._replay(cap, run_nodes, rec, slot, bindings)
+        return self._replay(step, slot)
 
     def _warm_up(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
         run_nodes(range(len(self.plan.nodes)))
@@ -285,12 +279,12 @@ class CaptureRunner:
             self.trace.segments(rec, slot, cap, "eager", whole_plan=True)
         return "eager"
 
-    def _capture(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
-        ex = self.ex
+    def _capture(self, step: StepRun, slot: str) -> str:
+        cap, run_nodes, rec, bindings = step.state.capture, step.run_nodes, step.rec, step.bindings
         backend = self.backend
         env = self.env
         backend_graph = None
-        baked = ex.baked_values()
+        baked = step.baked
         # id -> (array, host copy) a host read while recording may take as a constant: the
         # validated fold values, and shape arithmetic wholly captured (`segment`), added as
         # its arrays appear: at a segment's start (made earlier) and as each node makes them
@@ -343,12 +337,12 @@ class CaptureRunner:
                             f"{names} differed once launched from the warm-up step's value; "
                             "its readers stay seams in this slot")
                 outputs = {o: env[o] for k in seg.nodes for o in self.plan.nodes[k].outputs if o >= 0}
-                buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(ex.state.dispatch[k].outs)
+                buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(step.state.dispatch[k].outs)
                            if o is not None]
-                planned = ex.state.storage.owner
+                planned = step.state.storage.owner
                 owners = {vid: owner for vid in outputs
-                          if (owner := ex.owner_of(vid)) != planned.get(vid, vid)}
-                observed = ex.observed_views()
+                          if (owner := step.owner_of(vid)) != planned.get(vid, vid)}
+                observed = step.observed
                 views = tuple((vid, *observed[vid][1:], k) for k in seg.nodes
                               for vid in self.plan.nodes[k].outputs if vid in observed)
                 revealed = {s: n for s, n in bindings.items() if s not in known}
@@ -384,8 +378,9 @@ class CaptureRunner:
             self.trace.declines(rec, slot, cap)
         return "capture"
 
-    def _replay(self, cap: SlotCapture, run_nodes: Any, rec: Any, slot: str, bindings: dict[str, int]) -> str:
-        ex = self.ex
+    def _replay(self, step: StepRun, slot: str) -> str:
+        state = step.state
+        cap, run_nodes, rec, bindings = state.capture, step.run_nodes, step.rec, step.bindings
         env = self.env
         replayed = []
         events: list = []  # the replay rows' fields, one segment after another (`StepTrace.replay_events`)
@@ -396,9 +391,9 @@ class CaptureRunner:
                 run_nodes(seg.nodes)
                 continue
             captured = cap.graphs[seg.index]
-            why = captured.mismatch(env, ex.state.dispatch, self.graph, ex.state.bound_slots, self.control_flow_outputs)
+            why = captured.mismatch(env, state.dispatch, self.graph, state.bound_slots, self.control_flow_outputs)
             if why is not None:
-                self._replayed_views(cap, replayed, rec)
+                self._replayed_views(cap, replayed, step)
                 StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
             if rec is not None:  # a host backend's clock read directly, as for an eager node
@@ -407,31 +402,31 @@ class CaptureRunner:
             try:
                 captured.replay(self.backend, env, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
-                self._replayed_views(cap, replayed, rec)
+                self._replayed_views(cap, replayed, step)
                 StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, "capture_api_error",
                                           f"launch: {type(error).__name__}: {error}")
-            self.replayed_s += time.perf_counter() - t0
+            step.replayed_s += time.perf_counter() - t0
             for vid, owner in captured.owners.items():  # what the recorded launches copied
-                ex.set_owner(vid, owner)
+                step.set_owner(vid, owner)
             replayed.append(captured)
-            self.replayed_nodes.extend(seg.nodes)
+            step.replayed_nodes.extend(seg.nodes)
             if rec is not None:
                 duration = clock() - timer if clock is not None else self.backend.stop_timer(timer)  # device time
                 node_log += (seg.nodes, "replayed", duration)  # a span: `Recording.node_span`
                 events += (slot, seg.index, "replay", "binding signature unchanged", duration)
         cap.replays += 1
-        self._replayed_views(cap, replayed, rec)
+        self._replayed_views(cap, replayed, step)
         if rec is not None:
             StepTrace.replay_events(rec, events)
             self.trace.segments(rec, slot, cap, "replayed")
         return "replay"
 
-    def branch_fields(self) -> tuple:
-        """The last step of this (If branch's) executor, as its `branch_capture` row
-        gives it after the If's: nodes, nodes replayed and the host µs replaying them,
-        the slot's captures, replays and retires so far, and its seams by reason."""
-        cap = self.ex.state.capture
+    def branch_fields(self, step: StepRun) -> tuple:
+        """`step`, the last run of this (If branch's) executor, as its `branch_capture`
+        row gives it after the If's: nodes, nodes replayed and the host µs replaying
+        them, the slot's captures, replays and retires so far, and its seams by reason."""
+        cap = step.state.capture
         declines, seams = self._seam_summary
         if declines is not cap.declines:
             counts: dict[str, int] = {}
@@ -439,7 +434,7 @@ class CaptureRunner:
                 counts[d.reason] = counts.get(d.reason, 0) + 1
             seams = ", ".join(f"{reason} x{n}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
             self._seam_summary = (cap.declines, seams)
-        return (len(self.plan.nodes), len(self.replayed_nodes), self.replayed_s * 1e6,
+        return (len(self.plan.nodes), len(step.replayed_nodes), step.replayed_s * 1e6,
                 cap.captures, cap.replays, cap.retires, seams)
 
     @staticmethod
@@ -454,7 +449,7 @@ class CaptureRunner:
             kept = cap.replay_outputs = (key, frozenset(vid for g in cap.graphs.values() for vid in g.outputs))
         return kept[1]
 
-    def _replayed_views(self, cap: SlotCapture, replayed: list[CapturedGraph], rec: Any) -> None:
+    def _replayed_views(self, cap: SlotCapture, replayed: list[CapturedGraph], step: StepRun) -> None:
         """The zero-copy views the replayed segments restored, at once: each pins its
         owner, and the trace gets the pin and view rows an eager step would give. Worked
         out once for as long as the same graphs replay (`SlotCapture.replayed_views`)."""
@@ -468,7 +463,7 @@ class CaptureRunner:
             kept = cap.replayed_views = (key, views, tuple(("pin", owner, 0, k) for owner, k in first.items()),
                                          frozenset(first))
         if kept[1]:
-            self.ex.replay_views(*kept[1:], rec)
+            step.restore_views(*kept[1:])
 
     def _retire(self, cap: SlotCapture, rec: Any, slot: str, reason: str, detail: str, segment: int = -1) -> None:
         cap.retire()

@@ -29,6 +29,7 @@ from .plan import KernelCache, Plan, PlanNode, build_plan
 from .shadow import Shadow
 from .shapes import SymbolBinder, input_symbols, resolve, symbols_in
 from .slot_state import SlotState
+from .step_run import StepRun
 from .step_trace import StepTrace
 from .storage import ALIAS, VIEW, plan_storage
 from .views import KnownAddresses, address, is_view_of
@@ -97,8 +98,6 @@ class Executor(DecodeMemoSteps):
         #: skip an If whose predicate is unchanged (off for shadow re-execution)
         self.skip_unchanged_if = True
         self.shadow = Shadow(self.options.shadow if not jit_only else "off", self.options.shadow_fraction)
-        self._skipped_ifs: list[int] = []
-        self._folded: Any = ()  # plan indices shape folding served in the last run
         self.env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self.env[vid] = backend.from_host(arr)
@@ -119,13 +118,12 @@ class Executor(DecodeMemoSteps):
         self.addresses = KnownAddresses()
         #: every trace row the executor writes, and what they keep from step to step
         self.step_trace = StepTrace(self.plan, graph, self.addresses)
-        self.capture_runner = CaptureRunner(self)
+        self.capture_runner = CaptureRunner(self.plan, graph, backend, self.options, self.env, self.input_symbols,
+                                            self.step_trace)
         self._if_predicates: dict[int, bool] = {}
         self._steady = False
-        # per-run scratch (reset at the start of every run)
-        self._view_plan_stale = False
-        self._owners: dict[int, int] = {}
-        self._observed: dict[int, tuple] = {}
+        #: the last run's scratch (`StepRun`); a new one every run
+        self.step: StepRun | None = None
         #: plan index of a view node -> (its source input, its runtime parameter inputs)
         self._view_params: dict[int, tuple[int, tuple[int, ...]]] = {}
 
@@ -274,77 +272,32 @@ class Executor(DecodeMemoSteps):
             setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         resolve_s = time.perf_counter() - t_start
-        released: dict[int, int] = {}
-        self._pinned = pinned = set()  # owners a view of this step references
-        # the storage plan's owners, shared until a layout node's output needs another (`set_owner`)
-        self._owners = self.state.storage.owner
-        self._owner_address: dict[int, int] = {}
-        self._observed = observed = {}
-        self._view_plan_stale = False
-        plan = self.state.view_plan
-        elide = plan.nodes if action == "replayed" and plan is not None and plan.validated else ()
-        dispatch = self.state.dispatch
-        reinstated: list[int] = []
-        fold = self.state.shape_fold
-        folded = fold.nodes if action == "replayed" and fold is not None and fold.validated else ()
-        self._folded = folded
-
-        # a node that is a bare kernel call (`plain_call`) runs here, unless a segment is
-        # being recorded or the backend's timers (not the host clock) time it
-        bare = node_log is None or clock is not None
-
-        def run_nodes(indices, recorder=None):
-            nonlocal node_log  # extended in place (`+=`), never rebound to another list
-            plain_ok = bare and recorder is None
-            for k in indices:
-                d = dispatch[k]
-                if k in folded:
-                    self._reinstate_shape_values(d.p, fold, env, rec)
-                    continue
-                if k in elide and self._reinstate_views(d.p, plan, env, rec, pinned):
-                    reinstated.append(k)
-                    continue
-                call = d.plain
-                if call is None or not plain_ok:
-                    self._dispatch_node(d, env, bindings, rec, released, pinned, recorder, node_log, clock)
-                    continue
-                fn, inputs_of, outs, outputs, alias = call
-                ins = inputs_of(env)
-                try:
-                    if node_log is None:
-                        res = fn(ins, outs)
-                    else:
-                        t0 = clock()
-                        res = fn(ins, outs)
-                        node_log += (k, "eager", clock() - t0)
-                except WorkbenchError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - reported or retried as `_dispatch_node` does
-                    res = self._retry_unallocated(d.p, ins, outs, e)
-                for j, vid in enumerate(outputs):
-                    r = res[j]
-                    if r is outs[j]:
-                        env[vid] = r
-                    else:
-                        env[vid] = self._store_output(d, j, vid, r, ins, rec, pinned, bindings)
-                if alias is not None and rec is not None:
-                    rec.alias(*alias, k)
-
+        state = self.state
+        step = self.step = StepRun(state, env, bindings, rec, node_log, clock, owners=state.storage.owner)
+        step.run_nodes = lambda indices, recorder=None: self._run_nodes(step, indices, recorder)
+        if action == "replayed":
+            plan = state.view_plan
+            if plan is not None and plan.validated:
+                step.elided = plan.nodes
+            fold = state.shape_fold
+            if fold is not None and fold.validated:
+                step.folded = fold.nodes
+        step.baked = self.baked_values(step)
+        step.fold_pending = self.shape_fold_pending()
         if self.jit_only:
-            run_nodes(range(len(dispatch)))
+            self._run_nodes(step, range(len(state.dispatch)))
             return env
         snapshot = self._shadow_snapshot(feeds, bound, action)
-        self._skipped_ifs = []
-        capture_mode = self.capture_runner.run_step(self.state.capture, self._steady, bound, run_nodes, rec, slot,
-                                                    bindings)
+        capture_mode = self.capture_runner.run_step(step, self._steady, bound, slot)
         if bound:
             self._fill_bound(env, bound)
         if action == "replayed" and self.options.decode_memo_verify:
             self._verify_shapes_against_kernels(env)
-        self._stage2_after_run(action, observed)
+        self._stage2_after_run(action, step)
         self._shape_fold_after_run(action)
-        self.memo_stats.shape_folded += len(folded)
-        divergences = self._shadow_check(snapshot, env, action, reinstated, slot, rec)
+        self.memo_stats.shape_folded += len(step.folded)
+        divergences = self._shadow_check(snapshot, step, action, slot)
+        reinstated = step.reinstated
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
         self.memo_stats.dispatch_elided += len(reinstated)
         self.memo_stats.views_reused += views_reused
@@ -353,7 +306,7 @@ class Executor(DecodeMemoSteps):
             trace.memo(rec, self.state, self.memo_state(), phase, slot, action, reason, resolve_s,
                        len(reinstated), views_reused)
             replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
-            trace.liveness(rec, self.state, env, self._owners, released, pinned, replayed)
+            trace.liveness(rec, self.state, env, step.owners, step.released, step.pinned, replayed)
             trace.io_buffers(rec, feeds, bound, env)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
@@ -364,6 +317,52 @@ class Executor(DecodeMemoSteps):
                 f"{first.max_abs_err:g} (shape {first.shape_got}, eager {first.shape_expected}); "
                 f"{len(divergences)} divergent value(s) this step")
         return env
+
+    # -- the node loop -----------------------------------------------------------------
+
+    def _run_nodes(self, step: StepRun, indices: Any, recorder: Any = None) -> None:
+        """Run plan nodes `indices` in order: a shape-fold value or a cached view
+        reinstated where the memo serves it, a bare kernel call (`plain_call`) straight
+        from here, anything else through `_dispatch_node`. While a segment is recorded,
+        `recorder` (`capture.LaunchRecorder`) is told of each node: the one hook capture
+        has here. Called once per eager stretch of a step: what the loop reads is
+        fetched once, into locals."""
+        env, rec, node_log, clock = step.env, step.rec, step.node_log, step.clock
+        dispatch = step.state.dispatch
+        folded, elided = step.folded, step.elided
+        # a bare call's node is timed by the host clock; the backend's timers (a device
+        # clock) and a recording take the full dispatch
+        plain_ok = recorder is None and (node_log is None or clock is not None)
+        for k in indices:
+            d = dispatch[k]
+            if k in folded:
+                self._reinstate_shape_values(d.p, self.state.shape_fold, env, rec)
+                continue
+            if k in elided and self._reinstate_views(d.p, self.state.view_plan, step):
+                step.reinstated.append(k)
+                continue
+            call = d.plain
+            if call is None or not plain_ok:
+                self._dispatch_node(d, step, recorder)
+                continue
+            fn, inputs_of, outs, outputs, alias = call
+            ins = inputs_of(env)
+            try:
+                if node_log is None:
+                    res = fn(ins, outs)
+                else:
+                    t0 = clock()
+                    res = fn(ins, outs)
+                    node_log += (k, "eager", clock() - t0)  # the Recording's own list, extended in place
+            except WorkbenchError:
+                raise
+            except Exception as e:  # noqa: BLE001 - reported or retried as `_dispatch_node` does
+                res = self._retry_unallocated(d.p, ins, outs, e)
+            for j, vid in enumerate(outputs):
+                r = res[j]
+                env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step)
+            if alias is not None and rec is not None:
+                rec.alias(*alias, k)
 
     # -- shadow verification (see shadow.py) ----------------------------------------------
 
@@ -391,14 +390,14 @@ class Executor(DecodeMemoSteps):
 
         return ({vid: private(a) for vid, a in feeds.items()}, {vid: private(a) for vid, a in bound.items()})
 
-    def _shadow_check(self, snapshot: tuple | None, env: list, action: str,
-                      reinstated: list[int], slot: str, rec: Any) -> list:
+    def _shadow_check(self, snapshot: tuple | None, step: StepRun, action: str, slot: str) -> list:
         if snapshot is None:
             return []
-        mechanisms = {k: "capture_replay" for k in self.capture_runner.replayed_nodes}
-        mechanisms.update({k: "view_plan" for k in reinstated})
-        mechanisms.update({k: "shape_fold" for k in self._folded})
-        mechanisms.update({k: "if_skip" for k in self._skipped_ifs})
+        env, rec = step.env, step.rec
+        mechanisms = {k: "capture_replay" for k in step.replayed_nodes}
+        mechanisms.update({k: "view_plan" for k in step.reinstated})
+        mechanisms.update({k: "shape_fold" for k in step.folded})
+        mechanisms.update({k: "if_skip" for k in step.skipped_ifs})
         if not mechanisms and action != "replayed":
             self.shadow.served -= 1  # nothing was served after all: not a shadowed step
             return []
@@ -413,19 +412,17 @@ class Executor(DecodeMemoSteps):
                 {"decode_memo"} if action == "replayed" else set())))
         return found
 
-    def _dispatch_node(self, d: _Dispatch, env: list, bindings: dict, rec: Any,
-                       released: dict[int, int], pinned: set[int], recorder: Any = None,
-                       node_log: list | None = None, clock: Any = None) -> None:
-        """Run one node. While traced, its row goes onto `node_log` (the Recording's),
-        timed by `clock` (the host's, or None: the backend's timers): both read once a
-        step by `run`, not once a node. While a segment is recorded, `recorder`
-        (`capture.LaunchRecorder`) is told of the node once it has run: the one hook
-        the capture has in dispatch."""
+    def _dispatch_node(self, d: _Dispatch, step: StepRun, recorder: Any = None) -> None:
+        """Run one node with all a node may need around its kernel. While traced, its
+        row goes onto the step's node log, timed by the step's clock (the host's, or
+        None: the backend's timers). While a segment is recorded, `recorder`
+        (`capture.LaunchRecorder`) is told of the node once it has run."""
         p = d.p
+        env, bindings, rec, node_log, clock = step.env, step.bindings, step.rec, step.node_log, step.clock
         ins = [env[i] if i >= 0 else None for i in p.inputs]
         if d.skippable and not self.jit_only and self.skip_unchanged_if \
                 and self._if_unchanged(p, ins[0], env):
-            self._skipped_ifs.append(p.index)
+            step.skipped_ifs.append(p.index)
             if rec is not None:
                 rec.node(p.index, "elided", 0.0)
             return
@@ -465,30 +462,30 @@ class Executor(DecodeMemoSteps):
             if vid < 0:
                 continue
             r = res[j]
-            env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, rec, pinned, bindings, outs)
+            env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step, outs)
         if recorder is not None:
-            recorder.dispatched(d, ins, outs, env, self._owners)
+            recorder.dispatched(d, ins, outs, env, step.owners)
         if rec is not None and d.alias is not None:
             rec.alias(*d.alias, p.index)
         for owner in d.release:
-            self._release(owner, p.index, env, released)
+            self._release(owner, p.index, env, step.released)
 
-    def _store_output(self, d: _Dispatch, j: int, vid: int, r: Any, ins: Any, rec: Any, pinned: set[int],
-                      bindings: dict, outs: list | None = None) -> Any:
+    def _store_output(self, d: _Dispatch, j: int, vid: int, r: Any, ins: Any, step: StepRun,
+                      outs: list | None = None) -> Any:
         """What output `j` (value `vid`) of node `d` holds when the kernel did not hand
         back its preallocated array: a view of input 0, its result copied into that
         array, or a just-in-time result (a kept copy where a captured segment reads it)."""
         p = d.p
         o = (d.outs if outs is None else outs)[j]
         if d.view and o is None:
-            value = self._take_view(p, vid, r, ins[0], rec, pinned, bindings)
-            if vid in self.state.capture.kept_values and self._owners.get(vid) == vid:
+            value = self._take_view(p, vid, r, ins[0], step)
+            if vid in self.state.capture.kept_values and step.owners.get(vid) == vid:
                 value = self._keep(vid, value)  # a layout copy a captured segment reads
             return value
         if o is not None and getattr(r, "shape", None) == o.shape:
             o[...] = r
             return o
-        value = self._adopt(p, vid, r, bindings)
+        value = self._adopt(p, vid, r, step.bindings)
         if vid in self.state.capture.kept_values:  # read by a captured segment: keep its address
             value = self._keep(vid, value)
         return value
@@ -530,60 +527,31 @@ class Executor(DecodeMemoSteps):
         self._if_predicates[p.index] = value
         return same and all(env[o] is not None for o in p.outputs if o >= 0)
 
-    def _take_view(self, p: PlanNode, vid: int, r: Any, source: Any, rec: Any,
-                   pinned: set[int], bindings: dict) -> Any:
+    def _take_view(self, p: PlanNode, vid: int, r: Any, source: Any, step: StepRun) -> Any:
         """A layout op's result: a zero-copy view of its input's owner, or a materialised copy."""
+        rec = step.rec
         if is_view_of(r, source):
-            owner = self._owners.get(p.inputs[0], p.inputs[0])
-            self.set_owner(vid, owner)
+            owner = step.owners.get(p.inputs[0], p.inputs[0])
+            step.set_owner(vid, owner)
+            pinned = step.pinned
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:
                     rec.buffer("pin", owner, 0, p.index)
-            base = self._owner_address.get(owner)
+            base = step.owner_address.get(owner)
             if base is None:
-                base = self._owner_address[owner] = address(self.env[owner])
+                base = step.owner_address[owner] = address(self.env[owner])
             itemsize = r.itemsize or 1
             geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
-            self._observed[vid] = (r, owner, *geometry)
+            step.observed[vid] = (r, owner, *geometry)
             if rec is not None:
                 rec.view(vid, owner, *geometry, p.index)
             return r
-        r = self._adopt(p, vid, r, bindings)
-        self.set_owner(vid, vid)  # a view that had to copy owns its bytes
+        r = self._adopt(p, vid, r, step.bindings)
+        step.set_owner(vid, vid)  # a view that had to copy owns its bytes
         if rec is not None and hasattr(r, "nbytes"):
             rec.materialize(p.index, vid, r.nbytes, "layout op could not alias its input")
         return r
-
-    def observed_views(self) -> dict[int, tuple]:
-        """The zero-copy views this run's layout nodes made: value id -> (array, owner,
-        shape, strides in elements, byte offset from the owner)."""
-        return self._observed
-
-    def replay_views(self, views: tuple, pins: tuple, owners: frozenset, rec: Any) -> None:
-        """Zero-copy views a captured replay restored (rows as `Recording.view` takes
-        them), with the pin rows of their `owners`: each owner is pinned this step, and
-        the trace gets the pin and view rows an eager step's layout nodes would give."""
-        pinned = self._pinned
-        if not pinned.isdisjoint(owners):
-            pins = tuple(row for row in pins if row[1] not in pinned)
-        pinned |= owners
-        if rec is not None:
-            rec.buffer_span(pins)
-            rec.view_span(views)
-
-    def owner_of(self, vid: int) -> int:
-        """This run's owner of `vid` (the value itself where it owns its bytes)."""
-        return self._owners.get(vid, vid)
-
-    def set_owner(self, vid: int, owner: int) -> None:
-        """Make `owner` this run's owner of `vid`: the storage plan's dict is copied at
-        the first change, so a step whose views all alias as planned copies nothing."""
-        owners = self._owners
-        if owners.get(vid) != owner:
-            if owners is self.state.storage.owner:
-                owners = self._owners = dict(owners)
-            owners[vid] = owner
 
     def output_for_caller(self, vid: int) -> Any:
         """Graph output `vid` of the last run as the caller gets it: a host copy, or the
@@ -702,7 +670,7 @@ class Executor(DecodeMemoSteps):
                     child.run(feeds, slot=self.state.name)
                     if self.recording is not None:
                         self.step_trace.branch(self.recording, self.state.name, graph,
-                                               child.capture_runner.branch_fields())
+                                               child.capture_runner.branch_fields(child.step))
                 except InputError:
                     # the shapes declared for the values it reads (inferred, or a model's
                     # own value_info) disagree with what arrives, which binding symbols

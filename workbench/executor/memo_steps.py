@@ -220,13 +220,13 @@ class DecodeMemoSteps:
         fold = self.state.shape_fold
         return fold is not None and not fold.validated
 
-    def baked_values(self) -> dict[int, tuple[Any, Any]]:
-        """value id -> (array, host copy) of what a recording of this step may take as
-        constants: the validated shape-fold values this step reinstates. They are pure
-        functions of shapes that no memo replay changes, the very same arrays every
+    def baked_values(self, step: Any) -> dict[int, tuple[Any, Any]]:
+        """value id -> (array, host copy) of what a recording of `step` (a `StepRun`)
+        may take as constants: the validated shape-fold values it reinstates. They are
+        pure functions of shapes that no memo replay changes, the very same arrays every
         replay; a step that is not a replay retires every recording and the fold."""
         fold = self.state.shape_fold
-        if fold is None or not fold.validated or not self._folded:
+        if fold is None or not fold.validated or not step.folded:
             return {}
         return {vid: (arr, fold.host[vid]) for vid, arr in fold.values.items()}
 
@@ -237,14 +237,16 @@ class DecodeMemoSteps:
         if rec is not None:
             rec.node(p.index, "elided", 0.0)
 
-    def _stage2_after_run(self, action: str, observed: dict[int, tuple]) -> None:
-        """Build candidates after a rebuild; validate them on the next replay."""
+    def _stage2_after_run(self, action: str, step: Any) -> None:
+        """Build candidates after a rebuild; validate them on the next replay (`step`:
+        the run's `StepRun`, with the views it made)."""
+        observed = step.observed
         if self.state.stage2_latched or not (self.options.views and self.options.view_plan):
             self.state.view_plan = None
             return
         if action == "rebuilt":
             self.state.view_plan = self._candidate_view_plan(observed)
-        elif action == "replayed" and self.state.view_plan is not None and self._view_plan_stale:
+        elif action == "replayed" and self.state.view_plan is not None and step.view_plan_stale:
             self.state.view_plan = None  # a runtime view parameter changed: re-derive from scratch
             self.state.stage2_streak += 1
             self.memo_stats.stage2_mismatches += 1
@@ -335,13 +337,14 @@ class DecodeMemoSteps:
             return
         plan.same_source[k] = holds_now(env, (first,) + runtime)
 
-    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, env: list, rec: Any, pinned: set[int]) -> bool:
+    def _reinstate_views(self, p: PlanNode, plan: ViewPlan, step: Any) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
         False (nothing reinstated) when a runtime parameter of the node changed."""
+        env, rec, pinned = step.env, step.rec, step.pinned
         same = plan.same_source.get(p.index)
         if same is None or not same(env):
             if self._param_keys(p.index) != plan.params[p.index]:
-                self._view_plan_stale = True
+                step.view_plan_stale = True
                 return False
             self._note_same_source(plan, p.index, env)
         verify = self.options.decode_memo_verify
@@ -357,8 +360,8 @@ class DecodeMemoSteps:
                     and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
                 raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
             env[vid] = view
-            self.set_owner(vid, owner)
-            self._observed[vid] = views[vid]  # a segment recorded now replays this view too
+            step.set_owner(vid, owner)
+            step.observed[vid] = views[vid]  # a segment recorded now replays this view too
             if owner not in pinned:
                 pinned.add(owner)
                 if rec is not None:
