@@ -159,6 +159,16 @@ class _Runs:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=f"{label}: {name}")
         return got
 
+    def refilled(self, shape: tuple, seed: int) -> np.random.Generator:
+        """RUNS steps on one input array `x` of `shape`, refilled in place each run (one
+        address, new contents); returns the generator for later draws."""
+        rng = np.random.default_rng(seed)
+        x = np.zeros(shape, np.float32)
+        for run in range(RUNS):
+            x[...] = rng.standard_normal(x.shape)
+            self.step({"x": x}, f"run {run}")
+        return rng
+
     @property
     def capture(self):
         return self.session.executor.slot_capture("primary")
@@ -411,11 +421,7 @@ def test_layers_sized_just_in_time_are_captured_and_replay(backend):
     them took a fresh buffer on replay steps only, which retired the second block
     every step ('binding_changed: m address'; optimum's phi3, 5% replayed)."""
     runs = _Runs(unresolved_layers(), backend)
-    rng = np.random.default_rng(11)
-    x = np.zeros((1, 1, WIDTH), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)  # the same array, new contents
-        runs.step({"x": x}, f"run {run}")
+    rng = runs.refilled((1, 1, WIDTH), 11)
     _assert_holds(runs)
     declines = runs.session.recording.capture_declines()
     assert not (declines.reason == "unresolved_shape").any(), declines.detail.tolist()
@@ -462,11 +468,7 @@ def test_outputs_shape_inference_left_untyped_are_captured_once_seen_as_tensors(
     for name in ("mean", "inv_std", "t", "p"):  # as onnx left them in that export
         value = graph.values[graph.by_name[name]]
         value.kind, value.shape, value.dtype = "unknown", None, None
-    rng = np.random.default_rng(13)
-    x = np.zeros((1, 1, WIDTH), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        runs.step({"x": x}, f"run {run}")
+    runs.refilled((1, 1, WIDTH), 13)
     _assert_holds(runs)
     declines = runs.session.recording.capture_declines()
     assert not (declines.reason == "sequence_value").any(), declines.detail.tolist()
@@ -538,11 +540,7 @@ def test_shape_arithmetic_computed_inside_the_segments_is_baked_and_its_readers_
     as a constant ('bake' event) and the readers are captured; values stay
     onnxruntime's, and another input shape retires the graph."""
     runs = _Runs(legacy_heads(), backend)
-    rng = np.random.default_rng(21)
-    x = np.zeros((1, 1, WIDTH), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)  # the same array, new contents
-        runs.step({"x": x}, f"run {run}")
+    rng = runs.refilled((1, 1, WIDTH), 21)
     _assert_holds(runs)
     declines = runs.session.recording.capture_declines()
     baked_readers = declines[declines.reason.isin(["host_read", "data_dependent_shape"])]
@@ -661,12 +659,8 @@ def test_shape_arithmetic_overwritten_in_place_is_not_baked_from_the_warm_up(bac
     runs = _Runs(overwritten_shape_value(), backend)
     storage = runs.session.executor.state.storage
     length = runs.session.graph.by_name["length"]
-    rng = np.random.default_rng(25)
-    x = np.zeros((1, 4), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        runs.step({"x": x}, f"run {run}")
-        storage = runs.session.executor.state.storage
+    runs.refilled((1, 4), 25)
+    storage = runs.session.executor.state.storage
     assert storage.storage.get(runs.session.graph.by_name["shifted"]) == "alias", "the Add no longer writes in place"
     assert storage.owner[runs.session.graph.by_name["shifted"]] == length
     _assert_holds(runs)
@@ -681,11 +675,7 @@ def test_shape_arithmetic_fixed_by_the_input_shapes_is_not_relaunched():
     recording's values (a capture event says how many nodes). Values stay onnxruntime's
     over runs refilling x in place, and a wider x retires the graph and is right too."""
     runs = _Runs(legacy_heads(), "cpu")
-    rng = np.random.default_rng(26)
-    x = np.zeros((1, 1, WIDTH), np.float32)
-    for run in range(RUNS):
-        x[...] = rng.standard_normal(x.shape)
-        runs.step({"x": x}, f"run {run}")
+    rng = runs.refilled((1, 1, WIDTH), 26)
     _assert_holds(runs)
     cap = runs.capture
     constant = cap.constant

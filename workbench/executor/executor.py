@@ -9,6 +9,7 @@ signature skip straight to dispatch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import time
 from dataclasses import dataclass
@@ -274,7 +275,7 @@ class Executor(DecodeMemoSteps):
         resolve_s = time.perf_counter() - t_start
         state = self.state
         step = self.step = StepRun(state, env, bindings, rec, node_log, clock, owners=state.storage.owner)
-        step.run_nodes = lambda indices, recorder=None: self._run_nodes(step, indices, recorder)
+        step.run_nodes = functools.partial(self._run_nodes, step)
         if action == "replayed":
             plan = state.view_plan
             if plan is not None and plan.validated:
