@@ -374,10 +374,12 @@ def expand(info: NodeInfo) -> KernelFn:
         return out
 
     if shape is None:
+        # the target per (input shape, requested shape): a decode step asks the same again
+        target_of_both = shape_memo(lambda both: _broadcast_shape(both[0], list(both[1])))
 
         def run_dynamic(inputs: list, outs: list) -> tuple:
             x = inputs[0]
-            return (expanded(x, _broadcast_shape(x.shape, host_ints(inputs[1])), outs[0]),)
+            return (expanded(x, target_of_both((x.shape, tuple(host_ints(inputs[1])))), outs[0]),)
 
         return run_dynamic
     target_of = shape_memo(lambda s: _broadcast_shape(s, shape))
