@@ -34,6 +34,7 @@ activation reaches those.)
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -255,7 +256,7 @@ def _scratch_array(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
     store = getattr(_scratch, "arrays", None)
     if store is None:
         store = _scratch.arrays = {}
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     buf = store.get(name)
     if buf is None or buf.size < size or buf.dtype != dtype:
         buf = store[name] = np.empty(size, dtype)
