@@ -33,7 +33,7 @@ import workbench
 import workbench.ops.contrib_attention as contrib_attention
 import workbench.ops.gqa_host_decode as gqa_host_decode
 from workbench import SessionOptions
-from workbench.ops import mlas_attention, mlas_isa
+from workbench.ops import mlas_attention, mlas_isa, ort_float32
 from workbench.ops.ort_float32 import fma32, fma_chain, fma_step
 
 RUNS = 6
@@ -287,7 +287,7 @@ def _double_rounding_case():
     return a, b, c, np.float32(1 + 2.0 ** -23)
 
 
-def test_fma_step_and_chain_round_a_double_rounding_case_once():
+def test_fma_step_and_chain_round_a_double_rounding_case_once(monkeypatch):
     a, b, c, want = _double_rounding_case()
     assert fma32(np.array([a]), np.array([b]), np.array([c]))[0] == want
     arr = np.full(6, a, F32)
@@ -299,3 +299,10 @@ def test_fma_step_and_chain_round_a_double_rounding_case_once():
     got = fma_chain(steps_a, steps_b, np.full(2, c, F32))
     assert got[0] == np.float32(want + np.float32(2.0 ** -20))
     assert got[1] == np.float32(1 + 2.0 ** -20)
+    # the case at the first step (its addend the caller's), and in a chain of several blocks
+    assert fma_chain(np.array([[a]], F32), np.array([[b]], F32), np.array([c], F32))[0] == want
+    monkeypatch.setattr(ort_float32, "_CHAIN_ELEMENTS", 9)  # blocks of 3 steps
+    many = np.zeros((40, 3), F32)
+    many[37] = a
+    got = fma_chain(many, np.full((40, 3), b, F32), np.full(3, c, F32))
+    assert (got == want).all()

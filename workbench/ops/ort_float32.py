@@ -250,17 +250,21 @@ _CHAIN_ELEMENTS = 1 << 21
 _scratch = threading.local()
 
 
-def _scratch_array(name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """A per-thread scratch array of this shape, reused across calls (fresh memory
-    would be page-faulted in on every call)."""
-    store = getattr(_scratch, "arrays", None)
-    if store is None:
-        store = _scratch.arrays = {}
+def _chain_scratch(steps: int, shape: tuple) -> tuple:
+    """Per-thread scratch for `fma_chain`: float64 products, sums and accumulators before
+    each step (one more), the sums' low bits and halfway flags; reused across calls
+    (fresh memory would be page-faulted in on every call)."""
     size = math.prod(shape)
-    buf = store.get(name)
-    if buf is None or buf.size < size or buf.dtype != dtype:
-        buf = store[name] = np.empty(size, dtype)
-    return buf[:size].reshape(shape)
+    held = getattr(_scratch, "chain", None)
+    if held is None or held[0].size < steps * size or held[2].size < (steps + 1) * size:
+        n = max(steps * size, 0 if held is None else held[0].size)
+        held = _scratch.chain = (np.empty(n, F64), np.empty(n, F64),
+                                 np.empty(max((steps + 1) * size, n + 1), F64), np.empty(n, np.uint64),
+                                 np.empty(n, bool))
+    full = (steps,) + shape
+    return (held[0][:steps * size].reshape(full), held[1][:steps * size].reshape(full),
+            held[2][:(steps + 1) * size].reshape((steps + 1,) + shape),
+            held[3][:steps * size].reshape(full), held[4][:steps * size].reshape(full))
 
 
 def fma_chain(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
@@ -282,37 +286,27 @@ def fma_chain(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
     marked = None
     for s0 in range(0, steps, block):
         n = min(steps, s0 + block) - s0
-        shape = (n,) + acc.shape
-        totals = _scratch_array("chain_totals", shape, F64)
-        np.multiply(a[s0:s0 + n], b[s0:s0 + n], out=totals, dtype=F64)  # exact products
-        first = acc.copy()
-        wide = acc.astype(F64)  # acc, as float64 (a same-dtype add is the faster loop)
+        products, totals, before, bits, half = _chain_scratch(n, acc.shape)
+        np.multiply(a[s0:s0 + n], b[s0:s0 + n], out=products, dtype=F64)  # exact
+        np.copyto(before[0], acc)  # float64 accumulators: a same-dtype add is the faster loop
         for k in range(n):
-            total = totals[k]
-            np.add(total, wide, out=total)
-            np.copyto(acc, total, casting="unsafe")  # rounded to float32
-            np.copyto(wide, acc)
-        bits = _scratch_array("chain_bits", shape, np.dtype(np.uint64))
-        np.bitwise_and(totals.view(np.uint64), _LOW29, out=bits)
-        half = np.equal(bits, _HALF29, out=_scratch_array("chain_half", shape, np.dtype(bool)))
+            np.add(products[k], before[k], out=totals[k])
+            np.copyto(acc, totals[k], casting="unsafe")  # rounded to float32
+            np.copyto(before[k + 1], acc)
+        np.equal(np.bitwise_and(totals.view(np.uint64), _LOW29, out=bits), _HALF29, out=half)
         if not numpy_any(half):
             continue
         flagged = np.flatnonzero(half)  # step k of the block * count + cell
-        step, cell = np.divmod(flagged, count)
-        where = np.unravel_index(flagged, shape)
-        a_at = np.broadcast_to(a[s0:s0 + n], shape)[where]
-        b_at = np.broadcast_to(b[s0:s0 + n], shape)[where]
-        product = np.multiply(a_at, b_at, dtype=F64)
+        product = products.reshape(-1)[flagged]
         total = totals.reshape(-1)[flagged]
-        previous = totals.reshape(-1)[np.maximum(flagged - count, 0)].astype(F32)
-        addend = np.where(step > 0, previous, first.reshape(-1)[cell]).astype(F64)
+        addend = before.reshape(-1)[flagged]
         back = total - addend
-        error = (product - back) + (addend - (total - back))
+        error = (product - back) + (addend - (total - back))  # two-sum: the float64 rounding
         rounded = error != 0
         if numpy_any(rounded):
             if marked is None:
                 marked = np.zeros(count, bool)
-            marked[cell[rounded]] = True
+            marked[flagged[rounded] % count] = True
     if marked is not None:
         cells = np.unravel_index(np.flatnonzero(marked), acc.shape)
         exact = np.broadcast_to(np.asarray(start, F32), acc.shape)[cells]  # host-ok: numpy-only, recomputed elements
