@@ -81,7 +81,7 @@ def test_the_branches_share_each_rewritten_weight_and_the_outer_originals_go():
     node = next(n for n in graph.nodes if n.op_type == "If")
     then, other = node.subgraphs["then_branch"], node.subgraphs["else_branch"]
     assert not graph.initializers, "every weight moved into the branches"
-    assert [graph.values[v].name for v in node.captures] == ["x"], "the If captures only the input now"
+    assert [graph.values[v].name for v in node.outer_reads] == ["x"], "the If captures only the input now"
     by_name = {name: then.initializers[vid] for name, vid in then.by_name.items() if vid in then.initializers}
     other_by_name = {name: other.initializers[vid] for name, vid in other.by_name.items() if vid in other.initializers}
     fused = [name for name in by_name if name.endswith("/siblings")]

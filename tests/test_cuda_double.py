@@ -220,7 +220,7 @@ def test_shape_writes_its_values_on_the_device():
                               opset_imports=[helper.make_opsetid("", 17)])
     session = _bound_runs(proto, lambda rng: {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
     assert session.executor.slot_capture("primary").replays > 0
-    assert not session.executor.jit_forced, "Shape fell back to just-in-time allocation"
+    assert not session.executor.kernel_allocated, "Shape fell back to just-in-time allocation"
 
 
 def test_loop_and_scan_run_their_bodies_on_the_device():

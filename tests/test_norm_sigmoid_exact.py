@@ -19,6 +19,7 @@ takes it only where its model quantizes activations at run time (the end of this
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -273,7 +274,7 @@ def test_silu_fusion_computes_onnxruntimes_fused_value():
         _compare(ours, peer, {"x": x}, EXACT_SILU, 1e-6, 1e-6, f"run {run}")
 
 
-def _silu_then(quantizer: str) -> "onnx.ModelProto":
+def _silu_then(quantizer: str) -> onnx.ModelProto:
     """x -> SiLU (fused into QuickGelu at load) -> `quantizer`: a MatMulNBits at
     accuracy_level 4 (int8 products: activations requantized per block), at level 0
     (float32 products), or a plain MatMul."""

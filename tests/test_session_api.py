@@ -110,7 +110,7 @@ def test_if_reads_outer_scope_values(flag):
     model = _if_with_outer_capture()
     session = workbench.InferenceSession(model)
     if_node = next(p for p in session.plan.nodes if p.node.op_type == "If")
-    assert sorted(session.graph.values[c].name for c in if_node.node.captures) == ["x", "x2"]
+    assert sorted(session.graph.values[c].name for c in if_node.node.outer_reads) == ["x", "x2"]
     assert if_node.kernel_kind == "native" and not if_node.capture.supported
     assert if_node.capture.reason == "control_flow"
     feed = {"cond": np.array(flag), "x": np.array([1.5, -2.0], np.float32)}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .interface import DecodeInterface, DecodeInterfaceError, KvSlot, check, discover, graph_evidence
+from .interface import DecodeInterface, DecodeInterfaceError, KvTensor, check, discover, graph_evidence
 from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
 #: staged input buffers kept (by input and shape); a growing mask would otherwise
@@ -391,12 +391,12 @@ def _lookup_draft(sequence: list[int], ngram: int, k: int) -> list[int]:
     return []
 
 
-def _without_seq(slot: KvSlot) -> list:
+def _without_seq(slot: KvTensor) -> list:
     """The slot's shape without the batch and sequence axes."""
     return [d for axis, d in enumerate(slot.shape) if axis not in (0, slot.seq_axis)]
 
 
-def _kv_shape(slot: KvSlot, length: int) -> tuple[int, ...]:
+def _kv_shape(slot: KvTensor, length: int) -> tuple[int, ...]:
     shape = []
     for axis, d in enumerate(slot.shape):
         if axis == slot.seq_axis:

@@ -83,7 +83,7 @@ def _dim(d: Any) -> int | str | None:
 
 
 @dataclass
-class KvSlot:
+class KvTensor:
     layer: int
     kind: str  # "key" | "value"
     past: str | None  # None: a prefill graph's output, with no past input
@@ -114,7 +114,7 @@ class DecodeInterface:
     attention_mask: str | None
     position_ids: str | None
     logits: str
-    kv: list[KvSlot] = field(default_factory=list)
+    kv: list[KvTensor] = field(default_factory=list)
     #: inputs given no role (the Generator refuses a model with any)
     other_inputs: list[str] = field(default_factory=list)
     use_cache_branch: str | None = None
@@ -328,7 +328,7 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
         key = _match(name, _PRESENT)
         if key:
             presents[key] = name
-    kv: list[KvSlot] = []
+    kv: list[KvTensor] = []
     pasts: dict[str, tuple[tuple[int, str], str]] = {}
     for order, (past, present) in enumerate(kv_map.items()):
         if past in inputs and present in outputs:
@@ -390,13 +390,13 @@ def discover(session: Any, *, kv_map: dict[str, str] | None = None, head_size: i
                                    f"{present!r} is {present_dtype}"))
         declared = list(arg.shape or [None, None, None, None])
         shape, seq_axis, note = resolve(name, present, declared)
-        kv.append(KvSlot(layer, kind, name, present, past_dtype, shape, seq_axis, declared, note))
+        kv.append(KvTensor(layer, kind, name, present, past_dtype, shape, seq_axis, declared, note))
     if not pasts:  # a prefill graph: presents only
         for (layer, kind), present in presents.items():
             arg = outputs[present]
             declared = list(arg.shape or [None, None, None, None])
             shape, seq_axis, note = resolve(present, present, declared)
-            kv.append(KvSlot(layer, kind, None, present, _np_dtype(arg.type, f"output {present!r}"), shape, seq_axis, declared, note))
+            kv.append(KvTensor(layer, kind, None, present, _np_dtype(arg.type, f"output {present!r}"), shape, seq_axis, declared, note))
     kv.sort(key=lambda s: (s.layer, s.kind))
 
     # the head size, and where it came from

@@ -172,7 +172,6 @@ class SlotCapture:
     segments: list[Segment] = field(default_factory=list)
     declines: list[CaptureDecline] = field(default_factory=list)
     graphs: dict[int, CapturedGraph] = field(default_factory=dict)  # segment index -> graph
-    generation: int = -1  # buffer generation the graphs were recorded under
     warm: bool = False  # an eager step with this plan has run (its shapes seed the capture)
     captures: int = 0
     replays: int = 0
@@ -303,7 +302,7 @@ def shape_derived_values(plan: Any, initializers: Any) -> dict[int, frozenset[in
     derived: dict[int, frozenset[int]] = {}
     for p in plan.nodes:
         node = p.node
-        if node.domain or node.subgraphs or node.captures:
+        if node.domain or node.subgraphs or node.outer_reads:
             continue
         ins = [i for i in p.inputs if i >= 0]
         if node.op_type == "Constant" and not ins:  # left in a branch, which load-time folding skips

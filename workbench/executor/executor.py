@@ -77,18 +77,18 @@ def plain_call(d: _Dispatch) -> tuple | None:
 class Executor(DecodeMemoSteps):
     """Executes one graph. Owner buffers persist across runs while their shape holds.
 
-    `jit_only` executors (subgraph bodies) never preallocate: each run's values are
+    `fresh_arrays` executors (subgraph bodies) never preallocate: each run's values are
     fresh arrays, so a Loop can keep every iteration's outputs.
     """
 
     def __init__(self, graph: Graph, backend: Any, *, options: SessionOptions | None = None,
-                 cache: KernelCache | None = None, jit_only: bool = False):
+                 cache: KernelCache | None = None, fresh_arrays: bool = False):
         self.graph = graph
         self.backend = backend
         self._host_clock = getattr(backend, "host_clock", None)  # see `Backend.host_clock`
         self.options = options or SessionOptions()
         self.cache = cache or KernelCache()
-        self.jit_only = jit_only
+        self.fresh_arrays = fresh_arrays
         rounding = self.options.onnxruntime_rounding
         #: whether float32 kernels round as onnxruntime's (`SessionOptions.onnxruntime_rounding`)
         self.onnxruntime_rounding = rounding == "always" or (rounding == "auto" and requantizes_activations(graph))
@@ -98,7 +98,7 @@ class Executor(DecodeMemoSteps):
         self._skippable_outputs = {o for p in self.plan.nodes if p.skippable_if for o in p.outputs if o >= 0}
         #: skip an If whose predicate is unchanged (off for shadow re-execution)
         self.skip_unchanged_if = True
-        self.shadow = Shadow(self.options.shadow if not jit_only else "off", self.options.shadow_fraction)
+        self.shadow = Shadow(self.options.shadow if not fresh_arrays else "off", self.options.shadow_fraction)
         self.env: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
             self.env[vid] = backend.from_host(arr)
@@ -112,7 +112,7 @@ class Executor(DecodeMemoSteps):
         self.state = self.slots["primary"]
         self.memo_stats = MemoStats()
         #: plan indices whose preallocated outputs had to be dropped (shape inference disagreed)
-        self.jit_forced: set[int] = set()
+        self.kernel_allocated: set[int] = set()
         #: a workbench.trace Recording to emit into, or None (tracing off)
         self.recording: Any = None
         #: addresses of the arrays this step and the last read (staleness checks, views, io rows)
@@ -187,12 +187,12 @@ class Executor(DecodeMemoSteps):
         values = self.graph.values
         opts = self.options
         self.state.shapes = shapes = {v.id: resolve(v.shape, bindings) for v in values
-                                 if v.dtype is not None and not self.jit_only}
+                                 if v.dtype is not None and not self.fresh_arrays}
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
-        release = opts.release_dead_values and not self.jit_only
+        release = opts.release_dead_values and not self.fresh_arrays
         self.state.storage = sp = plan_storage(
-            self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.jit_only,
+            self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.fresh_arrays,
             release=release, shapes=shapes,
             protected=set(self.graph.outputs) | set(bound) | self._skippable_outputs,
         )
@@ -213,8 +213,8 @@ class Executor(DecodeMemoSteps):
                     self.state.bound_slots[vid] = (p.index, j)
                     continue
                 v = values[vid]
-                if (self.jit_only or v.dtype is None or v.shape is None or view or sp.storage.get(vid) == VIEW
-                        or p.spec.kind == "host_fallback" or p.index in self.jit_forced):
+                if (self.fresh_arrays or v.dtype is None or v.shape is None or view or sp.storage.get(vid) == VIEW
+                        or p.spec.kind == "host_fallback" or p.index in self.kernel_allocated):
                     continue
                 owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
                 if shapes.get(vid) is None:
@@ -256,7 +256,7 @@ class Executor(DecodeMemoSteps):
         node_log, clock = (rec.node_log(), self._host_clock) if rec is not None else (None, None)
         t_start = time.perf_counter()
         action = reason = ""
-        if self.jit_only:
+        if self.fresh_arrays:
             bindings: dict[str, int] = {}
             if self.options.decode_memo:
                 self.memo_stats.ineligible += 1  # a nested control-flow body
@@ -285,7 +285,7 @@ class Executor(DecodeMemoSteps):
                 step.folded = fold.nodes
         step.baked = self.baked_values(step)
         step.fold_pending = self.shape_fold_pending()
-        if self.jit_only:
+        if self.fresh_arrays:
             self._run_nodes(step, range(len(state.dispatch)))
             return env
         snapshot = self._shadow_snapshot(feeds, bound, action)
@@ -421,7 +421,7 @@ class Executor(DecodeMemoSteps):
         p = d.p
         env, bindings, rec, node_log, clock = step.env, step.bindings, step.rec, step.node_log, step.clock
         ins = [env[i] if i >= 0 else None for i in p.inputs]
-        if d.skippable and not self.jit_only and self.skip_unchanged_if \
+        if d.skippable and not self.fresh_arrays and self.skip_unchanged_if \
                 and self._if_unchanged(p, ins[0], env):
             step.skipped_ifs.append(p.index)
             if rec is not None:
@@ -608,7 +608,7 @@ class Executor(DecodeMemoSteps):
             except Exception:  # noqa: BLE001 - report the original failure below
                 pass
             else:
-                self.jit_forced.add(p.index)
+                self.kernel_allocated.add(p.index)
                 self._request_replan(f"{p.node.label} needed just-in-time allocation")
                 return res
         raise kernel_error(p, self.graph.values, ins, error) from error
@@ -652,20 +652,20 @@ class Executor(DecodeMemoSteps):
         values are fresh arrays: a tiny branch costs about 5 us a run more with the memo's
         bookkeeping, which a Loop repeating it would pay every iteration."""
         formal = list(graph.inputs)
-        outer = {graph.values[v].name: v for v in graph.outer_inputs}
+        outer_ids = {graph.values[v].name: v for v in graph.outer_inputs}
         outputs = list(graph.outputs)
-        reusable = reusable and not self.jit_only
+        reusable = reusable and not self.fresh_arrays
         if reusable:
             own = dataclasses.replace(graph, inputs=formal + list(graph.outer_inputs), outer_inputs=[])
             child = Executor(own, self.backend, options=self.options, cache=self.cache)
         else:
-            child = Executor(graph, self.backend, options=self.options, cache=self.cache, jit_only=True)
+            child = Executor(graph, self.backend, options=self.options, cache=self.cache, fresh_arrays=True)
 
-        def run(inputs: list, captures: dict[str, Any]) -> list:
+        def run(inputs: list, outer: dict[str, Any]) -> list:
             nonlocal child, reusable
             feeds = {vid: arr for vid, arr in zip(formal, inputs)}
-            for name, vid in outer.items():
-                feeds[vid] = captures[name]
+            for name, vid in outer_ids.items():
+                feeds[vid] = outer[name]
             if reusable:
                 try:
                     child.run(feeds, slot=self.state.name)
@@ -677,7 +677,7 @@ class Executor(DecodeMemoSteps):
                     # own value_info) disagree with what arrives, which binding symbols
                     # from them refuses before any node runs: run it on fresh arrays
                     child, reusable = Executor(graph, self.backend, options=self.options, cache=self.cache,
-                                               jit_only=True), False
+                                               fresh_arrays=True), False
                 else:
                     return [child.branch_output(o) for o in outputs]
             env = child.run(feeds)

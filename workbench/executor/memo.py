@@ -182,7 +182,7 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
     nodes: set[int] = set()
     for p in plan.nodes:
         node = p.node
-        if node.domain or node.subgraphs or node.captures:
+        if node.domain or node.subgraphs or node.outer_reads:
             continue
         if node.op_type in SHAPE_SOURCES:
             src = p.inputs[0] if p.inputs else -1

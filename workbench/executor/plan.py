@@ -24,7 +24,7 @@ class PlanNode:
     spec: KernelSpec
     fn: KernelFn
     info: NodeInfo
-    inputs: tuple[int, ...]  # formal inputs then outer-scope captures; -1 = omitted
+    inputs: tuple[int, ...]  # formal inputs then the outer-scope values a subgraph reads (`Node.outer_reads`); -1 = omitted
     outputs: tuple[int, ...]
     capture: CaptureVerdict
     #: for each input position, the plan index of that value's last read
@@ -40,7 +40,7 @@ class PlanNode:
         depend on the predicate alone, so a step with an unchanged predicate may skip
         it. Its output buffers must then stay as the branch left them (no in-place
         write into them, see `plan_storage`)."""
-        return self.node.op_type == "If" and not self.node.captures
+        return self.node.op_type == "If" and not self.node.outer_reads
 
 
 @dataclass
@@ -64,7 +64,7 @@ def topological_order(graph: Graph) -> list[Node]:
     deps: list[set[int]] = []
     users: dict[int, list[int]] = {}
     for n in graph.nodes:
-        d = {producer[v] for v in (*n.inputs, *n.captures) if v >= 0 and v in producer}
+        d = {producer[v] for v in (*n.inputs, *n.outer_reads) if v >= 0 and v in producer}
         d.discard(n.index)
         deps.append(d)
         for p in d:
@@ -142,8 +142,8 @@ def build_plan(graph: Graph, xp: Any, cache: KernelCache,
                 fn = build_fallback(
                     info, node.proto,
                     [graph.values[i].elem_type if i >= 0 else 0 for i in node.inputs],
-                    info.capture_names,
-                    [graph.values[c].elem_type for c in node.captures],
+                    info.outer_read_names,
+                    [graph.values[c].elem_type for c in node.outer_reads],
                     graph.opsets,
                 )
                 spec = fallback_spec(info)
@@ -152,7 +152,7 @@ def build_plan(graph: Graph, xp: Any, cache: KernelCache,
                 continue
         nodes.append(PlanNode(
             index=len(nodes), node=node, spec=spec, fn=fn, info=info,
-            inputs=tuple(node.inputs) + tuple(node.captures), outputs=tuple(node.outputs),
+            inputs=tuple(node.inputs) + tuple(node.outer_reads), outputs=tuple(node.outputs),
             capture=spec.capture_verdict(info),
         ))
     if missing:

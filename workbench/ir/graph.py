@@ -39,7 +39,7 @@ class Node:
     attrs: dict[str, Any]
     subgraphs: dict[str, Graph] = field(default_factory=dict)
     #: outer-scope values read by the subgraphs (ids in *this* graph), in a fixed order
-    captures: tuple[ValueId, ...] = ()
+    outer_reads: tuple[ValueId, ...] = ()
     proto: Any = None  # the onnx.NodeProto, for the host fallback
 
     @property

@@ -502,18 +502,18 @@ class GraphBuilder:
             return outer(name)
         for i, np_ in enumerate(gp.node):
             ins = [read(name) if name else -1 for name in np_.input]
-            subgraphs, captures = {}, []
+            subgraphs, outer_reads = {}, []
             attrs = {}
             for a in np_.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     sub = self.build(a.g, visible)
                     subgraphs[a.name] = sub
-                    captures.extend(sub.values[vid].name for vid in sub.outer_inputs)
+                    outer_reads.extend(sub.values[vid].name for vid in sub.outer_inputs)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     raise ModelLoadError(f"node {np_.name!r}: GRAPHS attributes are not supported")
                 else:
                     attrs[a.name] = _attr_value(a)
-            cap_ids = [read(name) for name in dict.fromkeys(captures)]
+            cap_ids = [read(name) for name in dict.fromkeys(outer_reads)]
             outs = []
             for name in np_.output:
                 if not name:
@@ -524,7 +524,7 @@ class GraphBuilder:
                 index=i, name=np_.name or f"{np_.op_type}_{i}", op_type=np_.op_type,
                 domain="" if np_.domain == "ai.onnx" else np_.domain,
                 inputs=tuple(ins), outputs=tuple(outs), attrs=attrs,
-                subgraphs=subgraphs, captures=tuple(cap_ids), proto=np_,
+                subgraphs=subgraphs, outer_reads=tuple(cap_ids), proto=np_,
             ))
         g.outputs = [read(vi.name) for vi in gp.output]
         g.outer_inputs = list(captured.values())

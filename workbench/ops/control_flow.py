@@ -1,7 +1,7 @@
 """If, Loop and Scan: run their subgraphs through nested executors.
 
 Outer-scope values a body reads arrive after the formal inputs (in
-`info.capture_names` order). Control flow is always an eager seam for capture:
+`info.outer_read_names` order). Control flow is always an eager seam for capture:
 which branch runs, and how often, is decided on the host.
 """
 
@@ -14,8 +14,8 @@ from .registry import NodeInfo, declined, host_read, register
 CONTROL_FLOW = declined("control_flow", "the executed subgraph is chosen on the host each run")
 
 
-def _captures(info: NodeInfo, inputs: list, n_formal: int) -> dict:
-    return dict(zip(info.capture_names, inputs[n_formal:]))
+def _outer_values(info: NodeInfo, inputs: list, n_formal: int) -> dict:
+    return dict(zip(info.outer_read_names, inputs[n_formal:]))
 
 
 def _host_scalar(value) -> object:
@@ -31,7 +31,7 @@ def if_(info: NodeInfo):
 
     def run(inputs, outs):
         branch = then_run if bool(_host_scalar(inputs[0])) else else_run
-        return branch([], _captures(info, inputs, 1))
+        return branch([], _outer_values(info, inputs, 1))
 
     return run
 
@@ -50,7 +50,7 @@ def loop(info: NodeInfo):
         trip = inputs[0] if n_formal > 0 else None
         cond = inputs[1] if n_formal > 1 else None
         carried = list(inputs[2:n_formal])
-        captures = _captures(info, inputs, n_formal)
+        outer = _outer_values(info, inputs, n_formal)
         max_trips = None if trip is None else int(_host_scalar(trip))
         keep_going = True if cond is None else bool(_host_scalar(cond))
         scans: list[list] = [[] for _ in range(n_scan)]
@@ -59,7 +59,7 @@ def loop(info: NodeInfo):
             # the body computes where the backend does: its iteration number and condition
             # are made there (a scalar fill), never handed over as host arrays
             cond_in = xp.full((), keep_going, dtype=np.bool_)
-            results = body([xp.full((), it, dtype=iter_dtype), cond_in, *carried], captures)
+            results = body([xp.full((), it, dtype=iter_dtype), cond_in, *carried], outer)
             keep_going = bool(_host_scalar(results[0]))
             carried = list(results[1:1 + n_carried])
             for k in range(n_scan):
@@ -107,11 +107,11 @@ def scan(info: NodeInfo):
             mod = np if isinstance(x, np.ndarray) else xp
             x = mod.moveaxis(x, in_axes[k] % max(x.ndim, 1), 0)
             seqs.append(x[::-1] if in_dirs[k] else x)
-        captures = _captures(info, inputs, n_formal)
+        outer = _outer_values(info, inputs, n_formal)
         length = seqs[0].shape[0] if seqs else 0
         collected: list[list] = [[] for _ in range(n_scan_out)]
         for t in range(length):
-            results = body([*states, *(s[t] for s in seqs)], captures)
+            results = body([*states, *(s[t] for s in seqs)], outer)
             states = list(results[:n_state])
             for k in range(n_scan_out):
                 collected[k].append(results[n_state + k])
@@ -141,7 +141,7 @@ def scan_batched(info: NodeInfo):
         lens = None if inputs[0] is None else host_read(inputs[0])  # trip counts: decided on the host
         states0 = list(inputs[1:1 + n_state])
         seqs = list(inputs[1 + n_state:n_formal])
-        captures = _captures(info, inputs, n_formal)
+        outer = _outer_values(info, inputs, n_formal)
         batch = seqs[0].shape[0]
         final_states: list[list] = [[] for _ in range(n_state)]
         scanned: list[list] = [[] for _ in range(n_scan_out)]
@@ -151,7 +151,7 @@ def scan_batched(info: NodeInfo):
             per_step: list[list] = [[] for _ in range(n_scan_out)]
             for t in range(length):
                 xs = [x[b, length - 1 - t] if directions[k] else x[b, t] for k, x in enumerate(seqs)]
-                results = body([*states, *xs], captures)
+                results = body([*states, *xs], outer)
                 states = list(results[:n_state])
                 for k in range(n_scan_out):
                     per_step[k].append(results[n_state + k])

@@ -20,7 +20,7 @@ FALLBACK_VERDICT = declined("host_fallback_kernel", "runs through onnx.reference
 
 
 def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list[int],
-                   capture_names: tuple[str, ...], capture_types: list[int],
+                   outer_read_names: tuple[str, ...], outer_read_types: list[int],
                    opsets: dict[str, int]) -> KernelFn:
     """Build a fallback kernel, or raise if onnx.reference cannot run this node."""
     names = [n for n in node_proto.input if n]
@@ -30,8 +30,8 @@ def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list
         if name and name in seen:
             graph_inputs.append(helper.make_tensor_value_info(name, et, None))
             seen.discard(name)
-    extra = [n for n in capture_names if n not in names]
-    for name, et in zip(capture_names, capture_types):
+    extra = [n for n in outer_read_names if n not in names]
+    for name, et in zip(outer_read_names, outer_read_types):
         if name in extra:
             graph_inputs.append(helper.make_tensor_value_info(name, et, None))
     outputs = [helper.make_tensor_value_info(n, 0, None) for n in node_proto.output if n]
@@ -51,7 +51,7 @@ def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list
         for name, arr in zip(input_names, inputs):
             if name:
                 feed[name] = to_host(arr)
-        for name, arr in zip(capture_names, inputs[len(input_names):]):
+        for name, arr in zip(outer_read_names, inputs[len(input_names):]):
             feed.setdefault(name, to_host(arr))
         got = evaluator.run(None, feed)
         results: list[Any] = [None] * n_out

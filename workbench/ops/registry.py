@@ -10,7 +10,7 @@ The calling contract of a `KernelFn` is
     results = fn(inputs, outs)
 
 - `inputs`: one array per node input, `None` for an omitted optional input;
-  control-flow ops also receive their outer-scope captures after the formal inputs.
+  control-flow ops also receive the outer-scope values their subgraphs read after the formal inputs.
 - `outs`: one entry per node output: a preallocated array of the exact output
   shape and dtype when the executor could resolve it, else `None`.
 - `results`: a sequence with one array per output. For a preallocated slot the
@@ -90,9 +90,9 @@ class NodeInfo:
     initializer_inputs: dict[int, np.ndarray] = field(default_factory=dict)
     #: names of the outer-scope values a control-flow node's subgraphs read; their
     #: arrays arrive after the formal inputs, in this order
-    capture_names: tuple[str, ...] = ()
+    outer_read_names: tuple[str, ...] = ()
     #: control flow only: `make_subgraph_runner(graph, reusable=False)` returns
-    #: `run(inputs: list, captures: dict[name, array]) -> list[outputs]`
+    #: `run(inputs: list, outer: dict[name, array]) -> list[outputs]`
     make_subgraph_runner: Any = None
     #: round float32 on the host as onnxruntime's CPU kernels do, bit for bit, where a
     #: kernel has such a form (`ort_float32`: costlier than numpy's own arithmetic). The

@@ -54,8 +54,8 @@ def rewrite_branch_weights(graph: Graph, rules: BranchRules) -> list[Rewrite]:
             if changed:
                 branches = {**node.subgraphs, **changed}
                 read = {b.values[v].name for b in branches.values() for v in b.outer_inputs}
-                captures = tuple(v for v in node.captures if graph.values[v].name in read)
-                graph.nodes[i] = dataclasses.replace(node, subgraphs=branches, captures=captures)
+                outer_reads = tuple(v for v in node.outer_reads if graph.values[v].name in read)
+                graph.nodes[i] = dataclasses.replace(node, subgraphs=branches, outer_reads=outer_reads)
     return rewrites
 
 

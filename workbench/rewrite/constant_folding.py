@@ -61,7 +61,7 @@ def fold_constants(graph: Graph) -> list[Rewrite]:
 
 
 def _foldable(graph: Graph, node: Node, outputs: set[int]) -> bool:
-    if node.subgraphs or node.captures or node.op_type in _NONDETERMINISTIC:
+    if node.subgraphs or node.outer_reads or node.op_type in _NONDETERMINISTIC:
         return False
     if not all(i < 0 or i in graph.initializers for i in node.inputs):
         return False

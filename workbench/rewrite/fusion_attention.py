@@ -301,7 +301,7 @@ def _emit(ctx: _Ctx, chain: list[Node], inputs: list[int], repeat: int, mode: st
     dead: list[Node] = []
     while frontier:
         node = ctx.made_by.get(frontier.pop())
-        if node is None or id(node) in ctx.gone or node.subgraphs or node.captures:
+        if node is None or id(node) in ctx.gone or node.subgraphs or node.outer_reads:
             continue
         if any(o >= 0 and (o in ctx.outputs or ctx.read_by.get(o)) for o in node.outputs):
             continue

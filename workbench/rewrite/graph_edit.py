@@ -42,7 +42,7 @@ def readers(graph: Graph) -> dict[int, list[tuple[Node, int]]]:
         for pos, vid in enumerate(node.inputs):
             if vid >= 0:
                 out.setdefault(vid, []).append((node, pos))
-        for vid in node.captures:
+        for vid in node.outer_reads:
             out.setdefault(vid, []).append((node, -1))
     return out
 
@@ -51,7 +51,7 @@ def read_values(graph: Graph) -> set[int]:
     """Every value some node (or subgraph capture) reads, and the graph's outputs."""
     read = set(graph.outputs)
     for node in graph.nodes:
-        read.update(v for v in (*node.inputs, *node.captures) if v >= 0)
+        read.update(v for v in (*node.inputs, *node.outer_reads) if v >= 0)
     return read
 
 

@@ -66,6 +66,6 @@ def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable 
         initializer_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
                             if i in graph.initializers},
     )
-    info.capture_names = tuple(vals[c].name for c in node.captures)
+    info.outer_read_names = tuple(vals[c].name for c in node.outer_reads)
     info.make_subgraph_runner = make_subgraph_runner
     return info

@@ -935,11 +935,11 @@ class Recording:
 
     def save(self, path: str) -> None:
         """Write a directory: one parquet file per non-empty table + meta.json; see `storage`."""
-        from .storage import save_recording
+        from .files import save_recording
         save_recording(self, path)
 
     @classmethod
     def load(cls, path: str) -> Recording:
         """Read a directory written by `save` (parquet + JSON only: no code is executed)."""
-        from .storage import load_recording
+        from .files import load_recording
         return load_recording(cls, path)
