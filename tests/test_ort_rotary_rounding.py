@@ -70,18 +70,7 @@ def test_ms_rotary_embedding_equals_onnxruntime_bit_for_bit(interleaved):
     seq = 5
     node = helper.make_node("RotaryEmbedding", ["x", "position_ids", "cos", "sin"], ["y"],
                             domain="com.microsoft", num_heads=HEADS, interleaved=interleaved)
-    graph = helper.make_graph(
-        [node], "rotary",
-        [tensor("x", [1, seq, HEADS * HEAD]), tensor("position_ids", [1, seq], TensorProto.INT64)],
-        [tensor("y", [1, seq, HEADS * HEAD])], list(_caches()))
-    model = helper.make_model(graph, opset_imports=OPSET, ir_version=8)
-    ours, peer = workbench.InferenceSession(model, ROUNDED), _peer(model)
-    rng = np.random.default_rng(8 + interleaved)
-    feeds = {"x": np.empty((1, seq, HEADS * HEAD), np.float32), "position_ids": np.empty((1, seq), np.int64)}
-    for run in range(RUNS):
-        feeds["x"][...] = rng.standard_normal(feeds["x"].shape) * 3
-        feeds["position_ids"][...] = np.arange(seq) + 4 * run
-        _agree(ours.run(None, feeds)[0], peer.run(None, feeds)[0], f"run {run}")
+    _agree_over_runs(node, "rotary", OPSET, 8, seq, seed=8 + interleaved, stride=4)
 
 
 @pytest.mark.parametrize("seq", [1, 3, 8])
@@ -123,15 +112,22 @@ def test_onnx_rotary_embedding_23_equals_onnxruntime_bit_for_bit(interleaved):
     seq = 5
     node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "position_ids"], ["y"], num_heads=HEADS,
                             interleaved=interleaved)
+    _agree_over_runs(node, "rotary23", [helper.make_opsetid("", 23)], 10, seq, seed=23 + interleaved, stride=5)
+
+
+def _agree_over_runs(node, name: str, opsets: list, ir_version: int, seq: int, *, seed: int, stride: int) -> None:
+    """A one-node rotary model over x [1, seq, heads * head] at positions moving by
+    `stride` each run: RUNS runs refilling x and the positions in place, every output
+    onnxruntime's bit for bit."""
     graph = helper.make_graph(
-        [node], "rotary23",
+        [node], name,
         [tensor("x", [1, seq, HEADS * HEAD]), tensor("position_ids", [1, seq], TensorProto.INT64)],
         [tensor("y", [1, seq, HEADS * HEAD])], list(_caches()))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     ours, peer = workbench.InferenceSession(model, ROUNDED), _peer(model)
-    rng = np.random.default_rng(23 + interleaved)
+    rng = np.random.default_rng(seed)
     feeds = {"x": np.empty((1, seq, HEADS * HEAD), np.float32), "position_ids": np.empty((1, seq), np.int64)}
     for run in range(RUNS):
         feeds["x"][...] = rng.standard_normal(feeds["x"].shape) * 3
-        feeds["position_ids"][...] = np.arange(seq) + 5 * run
+        feeds["position_ids"][...] = np.arange(seq) + stride * run
         _agree(ours.run(None, feeds)[0], peer.run(None, feeds)[0], f"run {run}")
