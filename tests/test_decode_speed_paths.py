@@ -1,4 +1,4 @@
-"""Differential tests for the speed paths of one-token decode (issue 13).
+"""Differential tests for the speed paths of one-token decode.
 
 Each fast path changes how the work is done (a host-read position and a sliced
 attention window on the numpy backend, fused sibling MatMuls, fused norms), never a

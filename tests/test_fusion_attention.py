@@ -1,5 +1,5 @@
-"""Differential tests for the ``attention`` fusion rule (`rewrite.fusion_attention`,
-issue 13): repeat_kv + Q K^T + scale + mask + Softmax + @ V as one
+"""Differential tests for the ``attention`` fusion rule (`rewrite.fusion_attention`):
+repeat_kv + Q K^T + scale + mask + Softmax + @ V as one
 ai.workbench MaskedSoftmaxAttention.
 
 A fusion changes how a value is computed, never the value: each form runs on one

@@ -1,4 +1,4 @@
-"""Differential tests for the elementwise fusion rules (`rewrite.fusion_patterns`, issue 13).
+"""Differential tests for the elementwise fusion rules (`rewrite.fusion_patterns`).
 
 A fusion changes how a value is computed, never the value: every pattern (in the
 forms exporters write it) runs at least six times on one input buffer whose contents

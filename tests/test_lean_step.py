@@ -1,4 +1,4 @@
-"""A leaner traced step (issue 13): what the executor skips recomputing per step must
+"""A leaner traced step: what the executor skips recomputing per step must
 not change a value nor a recorded row.
 
 The executor now rebuilds a step's liveness rows only where something moved since

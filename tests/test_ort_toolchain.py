@@ -1,5 +1,5 @@
 """Every model onnxruntime's own toolchain makes from the project's builders loads and
-decodes onnxruntime's tokens (project issue 37).
+decodes onnxruntime's tokens.
 
 Variants, each decoded greedily through the same `Generator` loop on onnxruntime and on
 workbench and compared token for token:

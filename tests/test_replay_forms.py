@@ -1,4 +1,4 @@
-"""Recorded launches call a kernel's replay form (issue 13): the kernel with its checks
+"""Recorded launches call a kernel's replay form: the kernel with its checks
 of the arrays made once, when the launch is recorded, since every replay passes the
 very same arrays. A mechanism like any other: it may change how the work is done,
 never a value. The graph runs eight times with inputs at stable addresses and new

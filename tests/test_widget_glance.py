@@ -1,4 +1,4 @@
-"""The truth at a glance (issue 39): one decode per widget and Recording, words and
+"""The truth at a glance: one decode per widget and Recording, words and
 numbers that agree across tabs, theme-following colours, tables that fit their width."""
 
 from __future__ import annotations
