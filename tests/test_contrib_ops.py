@@ -752,7 +752,7 @@ DECODE_LAYOUTS = {
 
 def _general_path_forbidden(monkeypatch):
     """Make GroupQueryAttention's general path fail, so a run that succeeds took the fast path."""
-    import workbench.ops.contrib_attention as ca
+    import workbench.ops.group_query_attention as ca
 
     def boom(*args, **kwargs):
         raise AssertionError("GroupQueryAttention took the general path")
@@ -764,7 +764,7 @@ def _general_path_forbidden(monkeypatch):
 def check_decode_paths(inputs, attrs, *, share_buffer, rtol=1e-6, atol=1e-6):
     """The fast path against the general one, on the same inputs (fresh and preallocated
     outputs; the shared case on copies of one past buffer each)."""
-    import workbench.ops.contrib_attention as ca
+    import workbench.ops.group_query_attention as ca
 
     expected, node = run_ort_gqa(inputs, attrs, GQA_OUTPUTS, share_buffer)
     _, fn = build_kernel(node, 1, inputs, GQA_OUTPUTS, [e.dtype for e in expected],

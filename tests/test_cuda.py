@@ -217,7 +217,7 @@ def test_cuda_gqa_one_token_path_runs_and_replays_on_the_device(monkeypatch):
     """GroupQueryAttention's one-token decode path keeps the position on the device (no
     host read, nothing baked into a graph): with the general path forbidden after the
     prefill, a fixed-KV decode on the device is still token-exact and replays."""
-    import workbench.ops.contrib_attention as ca
+    import workbench.ops.group_query_attention as ca
 
     want = _cpu_tokens("llama-genai", kv="fixed")
     session = _session(BUILT_IN["llama-genai"]())

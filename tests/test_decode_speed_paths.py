@@ -17,8 +17,8 @@ from oracles import runs_on_one_buffer
 from oracles import tensor as _tensor
 
 import workbench
-import workbench.ops.contrib_attention as contrib_attention
 import workbench.ops.gqa_host_decode as gqa_host_decode
+import workbench.ops.group_query_attention as gqa
 import workbench.ops.rotary_matrix as rotary_matrix
 from workbench import SessionOptions
 
@@ -85,12 +85,12 @@ class _CountHostPositions:
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = contrib_attention.numpy_first_int
+        real = gqa.numpy_first_int
 
         def counting(array):
             self.calls += 1
             return real(array)
-        monkeypatch.setattr(contrib_attention, "numpy_first_int", counting)
+        monkeypatch.setattr(gqa, "numpy_first_int", counting)
         monkeypatch.setattr(gqa_host_decode, "numpy_first_int", counting)
 
 
@@ -232,7 +232,7 @@ def test_gqa_growing_cache_fed_back_as_a_decode_loop_does_vs_onnxruntime(monkeyp
     real = gqa_host_decode.HostDecode.run
 
     def spy(plan, inputs, outs, present_shape, shared, window):
-        served.append(shared is contrib_attention.NOT_SHARED)
+        served.append(shared is gqa.NOT_SHARED)
         return real(plan, inputs, outs, present_shape, shared, window)
     monkeypatch.setattr(gqa_host_decode.HostDecode, "run", spy)
     model, _ = _growing_gqa_session(6, 2, 16, 32, "split")
@@ -347,8 +347,8 @@ def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monke
 
     model, _, _ = _two_layer_gqa_model()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
-    gqa = [p for p in session.executor.plan.nodes if p.node.op_type == "GroupQueryAttention"]
-    assert gqa[0].fn is not gqa[1].fn
+    nodes = [p for p in session.executor.plan.nodes if p.node.op_type == "GroupQueryAttention"]
+    assert nodes[0].fn is not nodes[1].fn
     calls_at = []
     _two_layers_on_bound_caches_vs_onnxruntime(session, model, [2 + run for run in range(RUNS)],
                                                after_run=lambda: calls_at.append(len(prepares)))
@@ -449,7 +449,7 @@ def test_gqa_overlap_check_agrees_with_numpy_on_views_of_owned_and_borrowed_memo
     numpy where two arrays' memory has different owners. On views (offsets, dtypes,
     strides) of owned buffers and of borrowed memory (np.frombuffer, twice over one
     buffer), it must agree with numpy's extent test everywhere."""
-    from workbench.ops.contrib_attention import _overlap
+    from workbench.ops.attention_math import _overlap
 
     rng = np.random.default_rng(0)
     shared = bytearray(4096)

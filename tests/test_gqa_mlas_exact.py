@@ -30,8 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 from oracles import tensor
 
 import workbench
-import workbench.ops.contrib_attention as contrib_attention
 import workbench.ops.gqa_host_decode as gqa_host_decode
+import workbench.ops.group_query_attention as gqa
 from workbench import SessionOptions
 from workbench.ops import mlas_attention, mlas_isa, ort_float32
 from workbench.ops.ort_float32 import fma32, fma_chain, fma_step
@@ -215,8 +215,8 @@ def test_general_path_takes_the_mlas_form_where_rounding_is_asked(monkeypatch):
     """The rounding option decides: "always" computes the general path's attention by
     `attention_as_onnxruntime`, "never" by numpy's softmax (within the old tolerance)."""
     calls = []
-    real = contrib_attention.attention_as_onnxruntime
-    monkeypatch.setattr(contrib_attention, "attention_as_onnxruntime", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = gqa.attention_as_onnxruntime
+    monkeypatch.setattr(gqa, "attention_as_onnxruntime", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = _gqa_model(16, 0)
     rng = np.random.default_rng(3)
     feeds = _feeds(16, 0, rng)

@@ -9,8 +9,8 @@ read input values on the host unless an output shape can be known no other way.
 This module holds the helpers the contrib families share plus the activation
 ops; importing it registers the whole family:
 
-- :mod:`.contrib_attention`: GroupQueryAttention, RotaryEmbedding (both domains),
-  Attention (opset 23+)
+- :mod:`.group_query_attention`: GroupQueryAttention; :mod:`.rotary`: RotaryEmbedding
+  (both domains); :mod:`.attention`: Attention (opset 23+)
 - :mod:`.contrib_norm`: SkipLayerNormalization, SkipSimplifiedLayerNormalization
 - :mod:`.contrib_quant`: MatMulNBits
 
@@ -221,4 +221,5 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
 
 
 # Registering the other contrib families (they import the helpers above).
-from . import contrib_attention, contrib_bert, contrib_fused, contrib_norm, contrib_qlinear, contrib_quant  # noqa: E402,F401,I001
+from . import (  # noqa: E402,F401,I001
+    attention, contrib_bert, contrib_fused, contrib_norm, contrib_qlinear, contrib_quant, group_query_attention, rotary)

@@ -11,7 +11,7 @@ and does the arithmetic, about twenty numpy calls, which is what the per-token c
 of this kernel is bound by on the CPU.
 
 Attention is computed by the same operations, in the same order, as the general
-one-token path of `contrib_attention` (scores scaled after the product,
+one-token path of `group_query_attention` (scores scaled after the product,
 max-subtracted softmax). The rotation is too (x·cos + swap(x)·(−sin, sin)) where
 the cos/sin caches are computed at run time; where they are the model's constant
 initializers it is one matrix product (`rotary_matrix`), which may round the last
