@@ -124,9 +124,9 @@ def _fill(buffers, rng, run, mask):
             buf[...] = rng.standard_normal(buf.shape) * (1.0 + run)
 
 
-def _differential(model, *, batch=1, seed=0):
+def _differential(model, *, batch=1, seed=0, backend="cpu"):
     """RUNS runs on stable input buffers with new contents, every output vs onnxruntime."""
-    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False), backend=backend)
     oracle = _ort(model)
     rng = np.random.default_rng(seed)
     buffers = {}
@@ -217,6 +217,113 @@ def test_a_tile_of_kv_heads_is_not_taken_for_a_head_repeat():
     assert len(rows) == 1 and int(rows.nodes_saved.iloc[0]) == 5
     assert _fused_nodes(session)[0].attrs["kv_repeat"] == 1
     assert sum(n.op_type == "Expand" for n in session.graph.nodes) == 2
+
+
+# --- torch's scaled_dot_product_attention, as torch.onnx (and optimum through it) writes it
+
+
+def _torch_repeat_kv(nodes, x, prefix, rep):
+    """repeat_kv as torch.onnx's TorchScript exporter writes it: every size read off x's
+    shape, the Expand's shape passed through Where(Equal(s, -1s), 1s, s) (its way of
+    keeping a -1 dim), the heads of the Reshape computed as Hkv * rep."""
+    dims = []
+    for i in range(4):
+        nodes += [helper.make_node("Shape", [x], [f"{prefix}_shape{i}"]),
+                  helper.make_node("Gather", [f"{prefix}_shape{i}", f"i{i}"], [f"{prefix}_d{i}"], axis=0),
+                  helper.make_node("Unsqueeze", [f"{prefix}_d{i}", "ax0"], [f"{prefix}_u{i}"])]
+        dims.append(f"{prefix}_u{i}")
+    nodes += [
+        helper.make_node("Concat", [dims[0], dims[1], "c_rep", dims[2], dims[3]], [f"{prefix}_cat"], axis=0),
+        helper.make_node("Reshape", [f"{prefix}_cat", "minus1"], [f"{prefix}_s"]),
+        helper.make_node("Shape", [f"{prefix}_s"], [f"{prefix}_slen"]),
+        helper.make_node("ConstantOfShape", [f"{prefix}_slen"], [f"{prefix}_ones"],
+                         value=numpy_helper.from_array(np.array([1], np.int64))),
+        helper.make_node("Mul", [f"{prefix}_ones", "minus1_scalar"], [f"{prefix}_m1"]),
+        helper.make_node("Equal", [f"{prefix}_s", f"{prefix}_m1"], [f"{prefix}_eq"]),
+        helper.make_node("Where", [f"{prefix}_eq", f"{prefix}_ones", f"{prefix}_s"], [f"{prefix}_s5"]),
+        helper.make_node("Unsqueeze", [x, "ax2"], [f"{prefix}_x5"]),
+        helper.make_node("Expand", [f"{prefix}_x5", f"{prefix}_s5"], [f"{prefix}_e"]),
+        helper.make_node("Mul", [f"{prefix}_d1", "rep_scalar"], [f"{prefix}_h"]),
+        helper.make_node("Unsqueeze", [f"{prefix}_h", "ax0"], [f"{prefix}_uh"]),
+        helper.make_node("Concat", [dims[0], f"{prefix}_uh", dims[2], dims[3]], [f"{prefix}_s4"], axis=0),
+        helper.make_node("Reshape", [f"{prefix}_e", f"{prefix}_s4"], [f"{prefix}_rep"]),
+    ]
+    return f"{prefix}_rep"
+
+
+def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill=0.0, read_dim=2):
+    """torch's scaled_dot_product_attention after torch.onnx: q * sqrt(scale) @
+    (K_r^T * sqrt(scale)) + Where(mask, 0, -inf) -> Softmax -> Where(IsNaN(p), 0, p) @ V_r,
+    the repeated K's dim `read_dim` and the repeated V's width read off their shapes
+    (graph outputs here), as optimum and torch.onnx read them."""
+    rep = heads // kv_heads
+    nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
+             helper.make_node("Concat", ["past_v", "new_v"], ["present_v"], axis=2)]
+    k = _torch_repeat_kv(nodes, "present_k", "rk", rep)
+    v = _torch_repeat_kv(nodes, "present_v", "rv", rep)
+    root = np.float32(1.0 / np.sqrt(np.sqrt(width)))
+    nodes += [
+        helper.make_node("Mul", ["q", "root"], ["qs"]),
+        helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "root"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
+        helper.make_node("Where", ["mask", "zero", "minus_inf"], ["additive"]),
+        helper.make_node("Add", ["scores", "additive"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("IsNaN", ["probs"], ["nan"]),
+        helper.make_node("Where", ["nan", "guard_fill", "probs"], ["guarded"]),
+        helper.make_node("MatMul", ["guarded", v], ["y"]),
+        helper.make_node("Mul", ["y", "two"], ["y2"]),
+        helper.make_node("Shape", [k], ["k_rep_shape"]),
+        helper.make_node("Gather", ["k_rep_shape", f"i{read_dim}"], ["k_rep_dim"], axis=0),
+        helper.make_node("Shape", [v], ["v_rep_shape"]),
+        helper.make_node("Gather", ["v_rep_shape", "i3"], ["v_rep_width"], axis=0),
+    ]
+    inits = [*(_c(f"i{i}", i, np.int64) for i in range(4)), _c("ax0", [0], np.int64), _c("ax2", [2], np.int64),
+             _c("c_rep", [rep], np.int64), _c("rep_scalar", rep, np.int64), _c("minus1", [-1], np.int64),
+             _c("minus1_scalar", -1, np.int64), _c("root", root, np.float32), _c("zero", 0.0, np.float32),
+             _c("minus_inf", -np.inf, np.float32), _c("guard_fill", guard_fill, np.float32),
+             _c("two", 2.0, np.float32)]
+    B = "B"
+    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, seq, width]),
+              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, past, width]),
+              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, seq, width]),
+              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, past, width]),
+              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, seq, width]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, [B, 1, seq, past + seq])]
+    outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y2", "present_k", "present_v")]
+    outputs += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("k_rep_dim", "v_rep_width")]
+    graph = helper.make_graph(nodes, "torch_sdpa", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("heads,kv_heads,seq,batch", [(6, 2, 2, 1), (9, 3, 1, 1), (4, 4, 3, 2), (8, 1, 1, 2)])
+def test_torch_sdpa_attention_fused_vs_onnxruntime(heads, kv_heads, seq, batch):
+    """The scale split over Q and K^T, the additive mask (with a fully masked row: NaN
+    rows the guard zeroes), the NaN guard, torch.onnx's repeat_kv shapes and the Shape
+    reads of the repeated K and V: fused into one node, each value onnxruntime's."""
+    session = _differential(_torch_sdpa_model(heads=heads, kv_heads=kv_heads, seq=seq), batch=batch)
+    (fused,) = _fused_nodes(session)
+    assert fused.attrs["nan_guard"] == 1 and fused.attrs["mask_mode"] == "add"
+    assert fused.attrs["kv_repeat"] == heads // kv_heads and len(fused.inputs) == 7
+    if heads > kv_heads:  # the repeats and the shape arithmetic only they read are gone
+        assert not any(n.op_type in ("Expand", "Equal", "ConstantOfShape") for n in session.graph.nodes)
+
+
+@pytest.mark.cuda
+def test_torch_sdpa_attention_fused_on_cuda_vs_onnxruntime():
+    """The same on the CUDA backend: the guard a device-side masked write, no host read."""
+    session = _differential(_torch_sdpa_model(heads=9, kv_heads=3, seq=1), backend="cuda")
+    assert len(_fused_nodes(session)) == 1
+
+
+@pytest.mark.parametrize("case", ["guard_fill", "read_heads"])
+def test_torch_sdpa_attention_not_fused_when_not_equivalent(case):
+    """A guard that fills NaN rows with something other than 0, or a read of the
+    repeated K's head count (not K's): the chain stays."""
+    model = (_torch_sdpa_model(guard_fill=0.5) if case == "guard_fill" else _torch_sdpa_model(read_dim=1))
+    session = _differential(model)
+    assert not _fused_nodes(session)
 
 
 # --- the builders' decoders ------------------------------------------------------------

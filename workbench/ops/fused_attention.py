@@ -2,16 +2,23 @@
 write out op by op, as one kernel (emitted by the load-time rule
 `rewrite.fusion_attention`; no model file carries it).
 
-Inputs ``(Q, K, V, mask, scale, fill?)``, attributes ``kv_repeat`` (r >= 1) and
-``mask_mode`` ("where" | "add"). It computes exactly what the chain it replaces
-computes, op for op, in the inputs' dtype::
+Inputs ``(Q, K, V, mask, scale, fill?, key_scale?)``, attributes ``kv_repeat`` (r >= 1),
+``mask_mode`` ("where" | "add") and ``nan_guard`` (0 | 1). It computes exactly what the
+chain it replaces computes, op for op, in the inputs' dtype::
 
     K_r, V_r = K, V with each head repeated r times (head h reads kv head h // r:
                Unsqueeze(2) -> Expand(r) -> Reshape, i.e. repeat_kv)
     scores   = MatMul(Q, Transpose(K_r, [0, 1, 3, 2])) * scale
+             | MatMul(Q * scale, Transpose(K_r, [0, 1, 3, 2]) * key_scale)
+                                                  # key_scale given: the scale split
+                                                  # over both sides, as torch's
+                                                  # scaled_dot_product_attention exports
     masked   = Where(mask, scores, fill)          # mask_mode "where" (mask bool)
              | scores + mask                      # mask_mode "add"
-    out      = MatMul(Softmax(masked, axis=-1), V_r)
+    probs    = Softmax(masked, axis=-1)
+             | Where(IsNaN(probs), 0, probs)      # nan_guard 1: torch's guard for rows
+                                                  # an additive -inf mask masks fully
+    out      = MatMul(probs, V_r)
 
 so a fully masked row behaves as it did unfused: Where(mask, s, -3.4e38) gives a
 uniform softmax, an additive -inf mask NaN (no special casing of either).
@@ -49,10 +56,15 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
     xp = info.xp
     repeat = int(info.attr("kv_repeat", 1))
     mode = attr_str(info, "mask_mode", "where")
+    nan_guard = bool(info.attr("nan_guard", 0))
     dtype = out_dtype(info)
 
     def run(inputs: list, outs: list) -> tuple:
-        q, k, v, mask, scale, fill = pad_inputs(inputs, 6)[:6]
+        q, k, v, mask, scale, fill, key_scale = pad_inputs(inputs, 7)[:7]
+        if key_scale is not None:
+            # each element scaled as the chain scales it; K before the repeat (a copy of
+            # heads) and the transpose, which move elements without changing them
+            q, k = q * scale, k * key_scale
         grouped = (repeat > 1 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
                    and q.shape[1] == k.shape[1] * repeat and v.shape[1] == k.shape[1])
         if grouped:
@@ -62,10 +74,13 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
             scores = scores.reshape(scores.shape[0], heads, seq, scores.shape[-1])
         else:
             scores = xp.matmul(q, xp.swapaxes(_repeat_heads(xp, k, repeat), -1, -2))
-        scores = xp.multiply(scores, scale, out=scores) if scale.ndim <= scores.ndim else scores * scale
+        if key_scale is None:
+            scores = xp.multiply(scores, scale, out=scores) if scale.ndim <= scores.ndim else scores * scale
         masked = xp.where(mask, scores, fill) if mode == "where" else xp.add(scores, mask)
         if masked.size:
             masked = _softmax_into(xp, masked, (-1,), masked)
+            if nan_guard:
+                xp.copyto(masked, 0, where=xp.isnan(masked))
         if grouped and tuple(masked.shape) == tuple(scores.shape):
             rows = masked.reshape(masked.shape[0], kv_heads, repeat * seq, masked.shape[-1])
             y = xp.matmul(rows, v)

@@ -7,6 +7,15 @@ Matched, ending at the last MatMul (K, V: the present key / value [B, Hkv, L, D]
     out = MatMul(Softmax(Where(mask, Mul(MatMul(Q, Transpose(K_r, [0, 1, 3, 2])), scale), fill)
                          | Add(Mul(...), mask), axis=-1), V_r)
 
+and torch's scaled_dot_product_attention as torch.onnx's TorchScript exporter (and
+optimum through it) writes it: the scale split over both sides, a NaN guard after the
+Softmax, the Expand's shape passed through Where(Equal(s, -1s), 1s, s), the heads of the
+Reshape as Hkv * r, and the repeated K / V's shapes read for their dims 0, 2, 3 (those
+Shape nodes then read K / V)::
+
+    out = MatMul(Where(IsNaN(p), 0, p), V_r),
+          p = Softmax(Add(MatMul(Mul(Q, s), Mul(Transpose(K_r), s')), mask))
+
 and replaced by one ``ai.workbench::MaskedSoftmaxAttention(Q, K, V, mask, scale, fill)``
 (`ops.fused_attention`) that keeps the last MatMul's output value. The shape arithmetic
 that only fed the repeats (Shape -> Gather -> Unsqueeze -> Concat) is removed with it.
@@ -107,10 +116,19 @@ class _Part:
 
 def _entries(ctx: _Ctx, vid: int, n: int) -> list | None:
     """A shape tensor's n entries: an int (a constant) or a `_Part` of the Concat that
-    builds it."""
+    builds it. torch.onnx's expand writes its shape as Where(Equal(s, -1s), 1s, s) of a
+    flattened Concat s (a -1 keeps the input's dim, which a 1 does in Expand): seen
+    through, with its -1 entries read as 1."""
     ints = ctx.ints(vid)
     if ints is not None:
         return ints if len(ints) == n else None
+    kept = _minus_one_kept(ctx, vid, n)
+    if kept is not None:
+        entries = _entries(ctx, kept, n)
+        return None if entries is None else [1 if e == -1 else e for e in entries]
+    flat = ctx.made(vid, "Reshape")
+    if flat is not None and ctx.ints(flat.inputs[1]) == [-1] and _rank(ctx, flat.inputs[0]) == 1:
+        return _entries(ctx, flat.inputs[0], n)
     concat = ctx.made(vid, "Concat")
     if concat is None or int(concat.attrs.get("axis", 0)) not in (0, -1):
         return None
@@ -128,6 +146,40 @@ def _entries(ctx: _Ctx, vid: int, n: int) -> list | None:
     return out if len(out) == n else None
 
 
+def _minus_one_kept(ctx: _Ctx, vid: int, n: int) -> int | None:
+    """s when `vid` = Where(Equal(s, -1s), 1s, s) for a length-n s, where 1s is a
+    constant or ConstantOfShape(Shape(s)) of ones and -1s a constant or 1s * -1."""
+    where = ctx.made(vid, "Where")
+    if where is None or len(where.inputs) != 3:
+        return None
+    cond, ones, s = where.inputs
+    equal = ctx.made(cond, "Equal")
+    if equal is None or not _ones(ctx, ones, s, n, 1):
+        return None
+    if s not in equal.inputs or not _ones(ctx, equal.inputs[1 - equal.inputs.index(s)], s, n, -1):
+        return None
+    return s
+
+
+def _ones(ctx: _Ctx, vid: int, s: int, n: int, sign: int) -> bool:
+    """`vid` holds n entries equal to `sign` (1 or -1), as a constant or built from s's
+    shape: ConstantOfShape(Shape(s)) of ones, times -1 for -1s."""
+    ints = ctx.ints(vid)
+    if ints is not None:
+        return ints == [sign] * n
+    if sign == -1:
+        mul = ctx.made(vid, "Mul")
+        return mul is not None and any(ctx.ints(a) == [-1] and _ones(ctx, b, s, n, 1)
+                                       for a, b in (mul.inputs, mul.inputs[::-1]))
+    fill = ctx.made(vid, "ConstantOfShape")
+    if fill is None or _rank(ctx, s) != 1 or ctx.shape(s)[0] != n:
+        return False
+    value = fill.attrs.get("value")
+    shape_of = ctx.made(fill.inputs[0], "Shape")
+    return (value is not None and np.asarray(value).size == 1 and np.asarray(value).reshape(()) == 1
+            and shape_of is not None and shape_of.inputs[0] == s and not shape_of.attrs)
+
+
 def _is_dim(ctx: _Ctx, entry: int | _Part, x: int, axis: int) -> bool:
     """The entry is dim `axis` of x: that constant, or Unsqueeze(Gather(Shape(t), i))
     with t = x and i = axis, or t's dim i carrying the same symbol (or int) as x's."""
@@ -135,10 +187,33 @@ def _is_dim(ctx: _Ctx, entry: int | _Part, x: int, axis: int) -> bool:
     if isinstance(entry, int):
         return isinstance(want, int) and entry == want
     unsq = ctx.made(entry.vid, "Unsqueeze")
-    if unsq is None:
+    if unsq is None or _unsqueeze_axes(ctx, unsq) != [0]:
         return False
-    axes = _unsqueeze_axes(ctx, unsq)
-    gather = None if axes != [0] else ctx.made(unsq.inputs[0], "Gather")
+    return _is_scalar_dim(ctx, unsq.inputs[0], x, axis)
+
+
+def _is_heads_times(ctx: _Ctx, entry: int | _Part, x: int, repeat: int) -> bool:
+    """The entry is x's head count (dim 1) times `repeat`: that constant, or
+    Unsqueeze(Mul(dim 1 of x, repeat)) as torch.onnx writes repeat_kv's reshape."""
+    heads = ctx.shape(x)[1]
+    if isinstance(entry, int):
+        return isinstance(heads, int) and entry == heads * repeat
+    unsq = ctx.made(entry.vid, "Unsqueeze")
+    mul = None if unsq is None or _unsqueeze_axes(ctx, unsq) != [0] else ctx.made(unsq.inputs[0], "Mul")
+    return mul is not None and any(_const_scalar(ctx, r) == repeat and _is_scalar_dim(ctx, d, x, 1)
+                                   for d, r in (mul.inputs, mul.inputs[::-1]))
+
+
+def _const_scalar(ctx: _Ctx, vid: int) -> int | None:
+    array = ctx.const(vid)
+    return int(array.reshape(-1)[0]) if array is not None and array.size == 1 and array.dtype.kind in "iu" else None
+
+
+def _is_scalar_dim(ctx: _Ctx, vid: int, x: int, axis: int) -> bool:
+    """`vid` = Gather(Shape(t), i), a scalar: dim `axis` of x (t = x and i = axis, or t's
+    dim i carrying the same symbol or int as x's)."""
+    want = ctx.shape(x)[axis]
+    gather = ctx.made(vid, "Gather")
     if gather is None or int(gather.attrs.get("axis", 0)) != 0:
         return False
     index = ctx.const(gather.inputs[1])
@@ -188,13 +263,17 @@ def _repeated(ctx: _Ctx, vid: int) -> tuple[int, int, list[Node]] | None:
     if not isinstance(kv_heads, int) or not isinstance(width, int):
         return None
     wide = _entries(ctx, expand.inputs[1], 5)
-    if wide is None or wide[1] != kv_heads or wide[4] != width or not isinstance(wide[2], int) or wide[2] < 1:
+    if wide is None or not isinstance(wide[2], int) or wide[2] < 1:
         return None
     repeat = wide[2]
-    if not (wide[0] == 1 or _is_dim(ctx, wide[0], x, 0)) or not (wide[3] == 1 or _is_dim(ctx, wide[3], x, 2)):
+    if not all(wide[w] == 1 or _is_dim(ctx, wide[w], x, axis) for w, axis in ((0, 0), (3, 2))):
+        return None
+    if not (_is_dim(ctx, wide[1], x, 1) and _is_dim(ctx, wide[4], x, 3)):
         return None
     flat = _entries(ctx, reshape.inputs[1], 4)
-    if flat is None or flat[1] != kv_heads * repeat or flat[3] != width or flat.count(-1) > 1:
+    if flat is None or flat.count(-1) > 1:
+        return None
+    if not (_is_heads_times(ctx, flat[1], x, repeat) and _is_dim(ctx, flat[3], x, 3)):
         return None
     if not (flat[0] in (0, -1) or _is_dim(ctx, flat[0], x, 0)) or not (flat[2] == -1 or _is_dim(ctx, flat[2], x, 2)):
         return None
@@ -209,45 +288,122 @@ def _softmax_last_axis(ctx: _Ctx, node: Node, rank: int) -> bool:
     return int(node.attrs.get("axis", default)) in (-1, rank - 1)
 
 
+def _nan_guarded(ctx: _Ctx, vid: int) -> tuple[int, list[Node]] | None:
+    """(p, [IsNaN, Where]) when `vid` = Where(IsNaN(p), 0, p), the guard torch's
+    scaled_dot_product_attention writes after its Softmax, p read by those two alone."""
+    where = ctx.made(vid, "Where")
+    if where is None or len(where.inputs) != 3:
+        return None
+    cond, zero, p = where.inputs
+    isnan = ctx.made(cond, "IsNaN")
+    if isnan is None or isnan.inputs[0] != p or not ctx.only_into(cond, where):
+        return None
+    zero_value = ctx.const(zero)
+    if zero_value is None or zero_value.size != 1 or zero_value.ndim > 4 or zero_value.dtype != ctx.dtype(p):
+        return None
+    if zero_value.reshape(-1)[0] != 0 or np.signbit(zero_value.reshape(-1)[0]):
+        return None
+    readers = ctx.read_by.get(p, [])
+    if p in ctx.outputs or {id(n) for n, _ in readers} != {id(isnan), id(where)} or any(pos < 0 for _, pos in readers):
+        return None
+    return p, [isnan, where]
+
+
+def _scaled_scores(ctx: _Ctx, vid: int) -> tuple[int, int, Node, list[int], list[Node]] | None:
+    """(q, k_t, k_t's reader, scales, nodes) for the scores `vid` (read by the masker alone), in one of
+    the two forms exporters write: Mul(MatMul(q, k_t), scale), scales [scale]; or
+    MatMul(Mul(q, scale), Mul(k_t, key_scale)) (torch's scaled_dot_product_attention
+    splits the scale as its square root over both sides), scales [scale, key_scale]."""
+    scaler = ctx.made(vid, "Mul")
+    if scaler is not None:
+        if len(scaler.inputs) != 2:
+            return None
+        raw, scale = scaler.inputs
+        if ctx.made(raw, "MatMul") is None:
+            raw, scale = scale, raw
+        qk = ctx.made(raw, "MatMul")
+        if qk is None or not ctx.only_into(raw, scaler) or len(qk.inputs) != 2:
+            return None
+        return qk.inputs[0], qk.inputs[1], qk, [scale], [qk, scaler]
+    qk = ctx.made(vid, "MatMul")
+    if qk is None or len(qk.inputs) != 2:
+        return None
+    sides = []
+    for side in qk.inputs:
+        mul = ctx.made(side, "Mul")
+        if mul is None or len(mul.inputs) != 2 or not ctx.only_into(side, qk):
+            return None
+        x, scale = mul.inputs if ctx.const(mul.inputs[1]) is not None else mul.inputs[::-1]
+        sides.append((x, scale, mul))
+    (q, q_scale, q_mul), (k_t, k_scale, k_mul) = sides
+    return q, k_t, k_mul, [q_scale, k_scale], [q_mul, k_mul, qk]
+
+
+def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node) -> list[Node] | None:
+    """The Shape nodes reading a repeated K or V besides the chain's `reader`, when each
+    is only gathered at dims the repeat leaves as they were (0, 2 and 3: optimum slices
+    the mask by the repeated K's length, torch.onnx reads the head width off the
+    repeated V): those can read the unrepeated tensor instead. None when another node
+    reads it."""
+    if rep in ctx.outputs:
+        return None
+    shapes = []
+    for node, pos in ctx.read_by.get(rep, []):
+        if node is reader:
+            continue
+        if pos < 0 or not is_plain(node, "Shape") or node.attrs:
+            return None
+        for gather, _ in ctx.read_by.get(node.outputs[0], []):
+            index = ctx.const(gather.inputs[1]) if is_plain(gather, "Gather") else None
+            if (index is None or index.ndim != 0 or index.dtype.kind not in "iu" or int(gather.attrs.get("axis", 0))
+                    or int(index) % 4 == 1 or not -4 <= int(index) < 4):
+                return None
+        if node.outputs[0] in ctx.outputs:
+            return None
+        shapes.append(node)
+    return shapes
+
+
 def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     if not is_plain(pv, "MatMul") or len(pv.inputs) != 2 or len(pv.outputs) != 1:
         return None
     probs, v_rep = pv.inputs
-    softmax = ctx.made(probs, "Softmax")
-    if softmax is None or not ctx.only_into(probs, pv):
+    guard = _nan_guarded(ctx, probs)
+    soft, guard_nodes = guard if guard is not None else (probs, [])
+    softmax = ctx.made(soft, "Softmax")
+    if softmax is None or not ctx.only_into(probs, pv) or (guard is None and not ctx.only_into(soft, pv)):
         return None
     masker = ctx.made(softmax.inputs[0], "Where", "Add")
     if masker is None or not ctx.only_into(softmax.inputs[0], softmax):
         return None
     # the scores' dtype is the chain's; every tensor it touches must have it
+    scores = None
     if masker.op_type == "Where":
         if len(masker.inputs) != 3:
             return None
         mask, scaled, fill = masker.inputs
-        scaler = ctx.made(scaled, "Mul")
+        scores = _scaled_scores(ctx, scaled)
     else:
-        scaler, mask, fill = None, None, -1
-        for a, b in (masker.inputs, masker.inputs[::-1]):
-            if a != b and ctx.made(a, "Mul") is not None:
-                scaled, mask, scaler = a, b, ctx.made(a, "Mul")
+        fill = -1
+        for scaled, mask in (masker.inputs, masker.inputs[::-1]):
+            scores = None if scaled == mask else _scaled_scores(ctx, scaled)
+            if scores is not None:
                 break
-    if scaler is None or not ctx.only_into(scaled, masker) or len(scaler.inputs) != 2:
+    if scores is None or not ctx.only_into(scaled, masker):
         return None
-    raw, scale = scaler.inputs
-    if ctx.made(raw, "MatMul") is None:
-        raw, scale = scale, raw
-    qk = ctx.made(raw, "MatMul")
-    if qk is None or not ctx.only_into(raw, scaler) or len(qk.inputs) != 2:
-        return None
-    q, k_t = qk.inputs
+    q, k_t, k_t_reader, scales, score_nodes = scores
     transpose = ctx.made(k_t, "Transpose")
-    if transpose is None or not ctx.only_into(k_t, qk) or list(transpose.attrs.get("perm", ())) != [0, 1, 3, 2]:
+    if transpose is None or not ctx.only_into(k_t, k_t_reader):
+        return None
+    if list(transpose.attrs.get("perm", ())) != [0, 1, 3, 2]:
         return None
     k_rep = transpose.inputs[0]
-    k_side = _repeated(ctx, k_rep) if ctx.only_into(k_rep, transpose) else None
-    v_side = _repeated(ctx, v_rep) if ctx.only_into(v_rep, pv) else None
-    if k_side is None and v_side is None:
-        k, v, repeat, repeats = k_rep, v_rep, 1, []
+    k_shapes = _shapes_of_repeat(ctx, k_rep, transpose)
+    v_shapes = _shapes_of_repeat(ctx, v_rep, pv)
+    k_side = _repeated(ctx, k_rep) if k_shapes is not None else None
+    v_side = _repeated(ctx, v_rep) if v_shapes is not None else None
+    if k_side is None and v_side is None:  # no repeat: K and V (read anywhere) go in as they are
+        k, v, repeat, repeats, k_shapes, v_shapes = k_rep, v_rep, 1, [], [], []
     elif k_side is not None and v_side is not None and k_side[1] == v_side[1]:
         (k, repeat, k_nodes), (v, _, v_nodes) = k_side, v_side
         repeats = k_nodes + v_nodes
@@ -259,9 +415,12 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     q_shape, k_shape, v_shape = ctx.shape(q), ctx.shape(k), ctx.shape(v)
     if any(s is None or len(s) != 4 for s in (q_shape, k_shape, v_shape)):
         return None
-    if repeat > 1 and not (isinstance(q_shape[1], int) and q_shape[1] == k_shape[1] * repeat):
+    # Q's head count an int other than Hkv * r: the plain MatMul would not take it as
+    # grouped heads either (a symbol: the kernel checks at run time and, off the grouped
+    # form, runs the plain broadcast MatMuls as the chain did)
+    if repeat > 1 and isinstance(q_shape[1], int) and q_shape[1] != k_shape[1] * repeat:
         return None
-    if not _small_const(ctx, scale, dtype) or not _softmax_last_axis(ctx, softmax, 4):
+    if not all(_small_const(ctx, scale, dtype) for scale in scales) or not _softmax_last_axis(ctx, softmax, 4):
         return None
     mask_rank = _rank(ctx, mask)
     if mask_rank is None or mask_rank > 4:
@@ -269,13 +428,25 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     if masker.op_type == "Where":
         if ctx.dtype(mask) != np.bool_ or not _small_const(ctx, fill, dtype):
             return None
-        inputs, mode = [q, k, v, mask, scale, fill], "where"
+        mode = "where"
     else:
         if ctx.dtype(mask) != dtype:
             return None
-        inputs, mode = [q, k, v, mask, scale], "add"
-    chain = repeats + [transpose, qk, scaler, masker, softmax, pv]
-    return _emit(ctx, chain, inputs, repeat, mode)
+        mode = "add"
+    inputs = [q, k, v, mask, scales[0], fill] + scales[1:]
+    for shape_node in k_shapes:  # dims 0, 2, 3 are the repeated tensor's
+        _reread(ctx, shape_node, k_rep, k)
+    for shape_node in v_shapes:
+        _reread(ctx, shape_node, v_rep, v)
+    chain = repeats + [transpose, *score_nodes, masker, softmax, *guard_nodes, pv]
+    return _emit(ctx, chain, inputs, repeat, mode, nan_guard=bool(guard_nodes))
+
+
+def _reread(ctx: _Ctx, node: Node, old: int, new: int) -> None:
+    """`node` reads `new` where it read `old`, the indexes kept in step."""
+    node.inputs = tuple(new if v == old else v for v in node.inputs)
+    ctx.read_by[old] = [u for u in ctx.read_by.get(old, []) if u[0] is not node]
+    ctx.read_by.setdefault(new, []).append((node, 0))
 
 
 def _fused_name(chain: list[Node]) -> str:
@@ -284,18 +455,21 @@ def _fused_name(chain: list[Node]) -> str:
     return f"{prefix[:cut]}/{OP}" if cut > 0 else f"{chain[-1].name}/{OP}"
 
 
-def _emit(ctx: _Ctx, chain: list[Node], inputs: list[int], repeat: int, mode: str) -> Rewrite:
+def _emit(ctx: _Ctx, chain: list[Node], inputs: list[int], repeat: int, mode: str, nan_guard: bool) -> Rewrite:
     graph = ctx.graph
     out = chain[-1].outputs[0]
+    while inputs[-1] < 0:  # a trailing optional left out
+        inputs = inputs[:-1]
     fused = make_node(graph, _fused_name(chain), OP, inputs, [out], domain=WORKBENCH_DOMAIN,
-                      kv_repeat=repeat, mask_mode=mode)
+                      kv_repeat=repeat, mask_mode=mode, nan_guard=int(nan_guard))
     ensure_opset(graph, WORKBENCH_DOMAIN, 1)
     replace_nodes(graph, chain, [fused])
     gone = list(chain)
     _forget(ctx, chain)
     ctx.made_by[out] = fused
     for pos, vid in enumerate(fused.inputs):
-        ctx.read_by.setdefault(vid, []).append((fused, pos))
+        if vid >= 0:
+            ctx.read_by.setdefault(vid, []).append((fused, pos))
     # the shape arithmetic only the repeats read
     frontier = [v for n in chain for v in n.inputs if v >= 0]
     dead: list[Node] = []
