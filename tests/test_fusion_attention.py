@@ -124,14 +124,15 @@ def _fill(buffers, rng, run, mask):
             buf[...] = rng.standard_normal(buf.shape) * (1.0 + run)
 
 
-def _differential(model, *, batch=1, seed=0, backend="cpu"):
-    """RUNS runs on stable input buffers with new contents, every output vs onnxruntime."""
+def _differential(model, *, batch=1, seed=0, backend="cpu", sizes=None):
+    """RUNS runs on stable input buffers with new contents, every output vs onnxruntime.
+    A named dim is `sizes`' entry for it, else the batch."""
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False), backend=backend)
     oracle = _ort(model)
     rng = np.random.default_rng(seed)
     buffers = {}
     for i in oracle.get_inputs():
-        shape = tuple(d if isinstance(d, int) else batch for d in i.shape)
+        shape = tuple(d if isinstance(d, int) else (sizes or {}).get(d, batch) for d in i.shape)
         buffers[i.name] = np.empty(shape, np.bool_ if i.type == "tensor(bool)" else np.float32)
     names = [o.name for o in oracle.get_outputs()]
     for run in range(RUNS):
@@ -308,6 +309,100 @@ def test_torch_sdpa_attention_fused_vs_onnxruntime(heads, kv_heads, seq, batch):
     assert fused.attrs["kv_repeat"] == heads // kv_heads and len(fused.inputs) == 7
     if heads > kv_heads:  # the repeats and the shape arithmetic only they read are gone
         assert not any(n.op_type in ("Expand", "Equal", "ConstantOfShape") for n in session.graph.nodes)
+
+
+def _dynamo_repeat_kv(nodes, x, prefix, kv_heads, rep, width):
+    """repeat_kv as torch.onnx's dynamo exporter writes it: the batch as Shape(x, 0, 1),
+    the length as past + new read off their shapes, the Reshape with allowzero=1."""
+    nodes += [
+        helper.make_node("Shape", [x], [f"{prefix}_b"], start=0, end=1),
+        helper.make_node("Unsqueeze", [x, "ax2"], [f"{prefix}_x5"]),
+        helper.make_node("Concat", [f"{prefix}_b", "c_kv", "c_rep", "length", "c_d"], [f"{prefix}_s5"], axis=0),
+        helper.make_node("Expand", [f"{prefix}_x5", f"{prefix}_s5"], [f"{prefix}_e"]),
+        helper.make_node("Concat", [f"{prefix}_b", "c_h", "length", "c_d"], [f"{prefix}_s4"], axis=0),
+        helper.make_node("Reshape", [f"{prefix}_e", f"{prefix}_s4"], [f"{prefix}_rep"], allowzero=1),
+    ]
+    return f"{prefix}_rep"
+
+
+def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False):
+    """torch's scaled_dot_product_attention after torch.onnx's dynamo exporter: as
+    `_torch_sdpa_model`, with K^T written as Reshape(Transpose(Reshape(K_r, [-1, L, D]),
+    [0, 2, 1]), [B, H, D, L]) from slices of K_r's shape (`swap_dims`: the last Reshape
+    keeps [B, H, L, D] instead, which is not a transpose), and the presents' length
+    declared "P + S" as that exporter declares it."""
+    rep = heads // kv_heads
+    nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
+             helper.make_node("Concat", ["past_v", "new_v"], ["present_v"], axis=2),
+             helper.make_node("Shape", ["past_k"], ["p_len"], start=2, end=3),
+             helper.make_node("Shape", ["new_k"], ["s_len"], start=2, end=3),
+             helper.make_node("Squeeze", ["p_len"], ["p_scalar"]),
+             helper.make_node("Squeeze", ["s_len"], ["s_scalar"]),
+             helper.make_node("Add", ["p_scalar", "s_scalar"], ["total"]),
+             helper.make_node("Reshape", ["total", "minus1"], ["length"])]
+    k = _dynamo_repeat_kv(nodes, "present_k", "rk", kv_heads, rep, width)
+    v = _dynamo_repeat_kv(nodes, "present_v", "rv", kv_heads, rep, width)
+    last = ["k_lead", "k_d", "k_l"] if not swap_dims else ["k_lead", "k_l", "k_d"]
+    nodes += [
+        helper.make_node("Shape", [k], ["k_shape"], start=0),
+        helper.make_node("Slice", ["k_shape", "minus2", "minus1"], ["k_l"]),
+        helper.make_node("Slice", ["k_shape", "minus1", "int_max"], ["k_d"]),
+        helper.make_node("Slice", ["k_shape", "int_min", "minus2"], ["k_lead"]),
+        helper.make_node("Concat", ["minus1", "k_l", "k_d"], ["k_rows_shape"], axis=0),
+        helper.make_node("Reshape", [k, "k_rows_shape"], ["k_rows"]),
+        helper.make_node("Transpose", ["k_rows"], ["k_rows_t"], perm=[0, 2, 1]),
+        helper.make_node("Concat", last, ["kt_shape"], axis=0),
+        helper.make_node("Reshape", ["k_rows_t", "kt_shape"], ["kt"]),
+        helper.make_node("Mul", ["q", "root"], ["qs"]),
+        helper.make_node("Mul", ["kt", "root"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
+        helper.make_node("Where", ["mask", "zero", "lowest"], ["additive"]),
+        helper.make_node("Add", ["scores", "additive"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+        helper.make_node("IsNaN", ["probs"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "probs"], ["guarded"]),
+        helper.make_node("MatMul", ["guarded", v], ["y"]),
+        helper.make_node("Mul", ["y", "two"], ["y2"]),
+    ]
+    root = np.float32(1.0 / np.sqrt(np.sqrt(width)))
+    inits = [_c("ax2", [2], np.int64), _c("c_kv", [kv_heads], np.int64), _c("c_rep", [rep], np.int64),
+             _c("c_h", [heads], np.int64), _c("c_d", [width], np.int64), _c("minus1", [-1], np.int64),
+             _c("minus2", [-2], np.int64), _c("int_max", [np.iinfo(np.int64).max], np.int64),
+             _c("int_min", [np.iinfo(np.int64).min], np.int64), _c("root", root, np.float32),
+             _c("zero", 0.0, np.float32), _c("lowest", FILL, np.float32), _c("two", 2.0, np.float32)]
+    B = "B"
+    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, "S", width]),
+              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, "P", width]),
+              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, "S", width]),
+              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, "P", width]),
+              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, "S", width]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, [B, 1, "S", "P + S"])]
+    presents = [helper.make_tensor_value_info(n, F32, [B, kv_heads, "P + S", width]) for n in ("present_k", "present_v")]
+    outputs = [helper.make_tensor_value_info("y2", F32, None), *presents]
+    graph = helper.make_graph(nodes, "dynamo_sdpa", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    model.graph.value_info.extend(presents)
+    return model
+
+
+@pytest.mark.parametrize("heads,kv_heads,batch", [(6, 2, 1), (9, 3, 2), (4, 4, 1)])
+def test_dynamo_sdpa_attention_fused_vs_onnxruntime(heads, kv_heads, batch):
+    """K^T as a transpose of the last two dims over the rows of the leading ones, the
+    repeat's sizes read off shapes (the length as past + new, allowzero=1): fused, each
+    value onnxruntime's."""
+    session = _differential(_dynamo_sdpa_model(heads=heads, kv_heads=kv_heads), batch=batch,
+                            sizes={"S": 2, "P": 5, "P + S": 7})
+    (fused,) = _fused_nodes(session)
+    assert fused.attrs["nan_guard"] == 1 and fused.attrs["kv_repeat"] == heads // kv_heads
+    assert not any(n.op_type in ("Expand", "Transpose") for n in session.graph.nodes)
+
+
+def test_dynamo_sdpa_reshape_that_is_not_a_transpose_stays():
+    """The last Reshape to [B, H, L, D] after the rows' transpose mixes elements (not
+    K^T): the chain stays, and its values are onnxruntime's."""
+    model = _dynamo_sdpa_model(heads=4, kv_heads=2, width=4, swap_dims=True)
+    session = _differential(model, sizes={"S": 2, "P": 2, "P + S": 4})
+    assert not _fused_nodes(session)
 
 
 @pytest.mark.cuda

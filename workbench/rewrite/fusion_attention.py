@@ -16,6 +16,11 @@ Shape nodes then read K / V)::
     out = MatMul(Where(IsNaN(p), 0, p), V_r),
           p = Softmax(Add(MatMul(Mul(Q, s), Mul(Transpose(K_r), s')), mask))
 
+torch.onnx's dynamo exporter writes the same with its sizes read off shapes (Shape with
+start / end, Slices of a Shape, a length as past + new), repeat_kv's Reshape with
+allowzero=1, and K^T as a transpose over the rows of the leading dims:
+Reshape(Transpose(Reshape(K_r, [-1, L, D]), [0, 2, 1]), [B, H, D, L]).
+
 and replaced by one ``ai.workbench::MaskedSoftmaxAttention(Q, K, V, mask, scale, fill)``
 (`ops.fused_attention`) that keeps the last MatMul's output value. The shape arithmetic
 that only fed the repeats (Shape -> Gather -> Unsqueeze -> Concat) is removed with it.
@@ -114,6 +119,89 @@ class _Part:
     vid: int
 
 
+@dataclass(frozen=True)
+class _Dim:
+    """A size read off a shape: dim `axis` of tensor `of` (None for a sum of such
+    reads), and what the inferred shapes call it (an int, a symbol, or None)."""
+
+    of: int | None
+    axis: int
+    symbol: int | str | None
+
+
+def _shape_reads(ctx: _Ctx, vid: int) -> list[_Dim] | None:
+    """The dims a 1-D `vid` holds when it is read off a shape: Shape(t, start, end), or a
+    Slice of such a read along its one axis with step 1."""
+    node = ctx.made(vid, "Shape", "Slice")
+    if node is None:
+        return None
+    if node.op_type == "Shape":
+        t_shape = ctx.shape(node.inputs[0])
+        if t_shape is None:
+            return None
+        start, end = node.attrs.get("start", 0), node.attrs.get("end")
+        axes = range(len(t_shape))[slice(int(start), None if end is None else int(end))]
+        return [_Dim(node.inputs[0], a, t_shape[a]) for a in axes]
+    if len(node.inputs) < 3:
+        return None
+    axes = ctx.ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] >= 0 else [0]
+    steps = ctx.ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] >= 0 else [1]
+    starts, ends = ctx.ints(node.inputs[1]), ctx.ints(node.inputs[2])
+    reads = _shape_reads(ctx, node.inputs[0])
+    if reads is None or axes not in ([0], [-1]) or steps != [1] or starts is None or ends is None:
+        return None
+    if len(starts) != 1 or len(ends) != 1:
+        return None
+    return reads[slice(starts[0], ends[0])]
+
+
+def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
+    """The size a scalar or one-element `vid` holds when it is read off a shape:
+    Gather(Shape(t), i), Shape(t, i, i + 1), through Squeeze / Unsqueeze(0) /
+    Reshape([-1]), or the Add of two such reads (a symbol "a + b", as the inferred
+    shapes write a Concat's length)."""
+    node = ctx.made(vid, "Unsqueeze", "Squeeze", "Reshape", "Gather", "Add")
+    if node is None:
+        reads = _shape_reads(ctx, vid)
+        return reads[0] if reads is not None and len(reads) == 1 else None
+    if node.op_type == "Unsqueeze" and _unsqueeze_axes(ctx, node) != [0]:
+        return None
+    if node.op_type == "Squeeze" and (len(node.inputs) > 1 and ctx.ints(node.inputs[1]) not in ([0], [-1])
+                                      or node.attrs.get("axes") not in (None, [0], [-1])):
+        return None
+    if node.op_type == "Reshape" and ctx.ints(node.inputs[1]) not in ([-1], [1], []):
+        return None
+    if node.op_type in ("Unsqueeze", "Squeeze", "Reshape"):
+        return _scalar_read(ctx, node.inputs[0])
+    if node.op_type == "Add":
+        a, b = (_scalar_read(ctx, v) for v in node.inputs)
+        if a is None or b is None or a.symbol is None or b.symbol is None:
+            return None
+        both_ints = isinstance(a.symbol, int) and isinstance(b.symbol, int)
+        return _Dim(None, -1, a.symbol + b.symbol if both_ints else f"{a.symbol} + {b.symbol}")
+    # Gather(Shape(t), i)
+    index = ctx.const(node.inputs[1])
+    if int(node.attrs.get("axis", 0)) != 0 or index is None or index.ndim != 0 or index.dtype.kind not in "iu":
+        return None
+    reads = _shape_reads(ctx, node.inputs[0])
+    if reads is None:
+        return None
+    i = int(index)
+    return reads[i] if -len(reads) <= i < len(reads) else None
+
+
+def _reads_dim(got: _Dim | None, want_of: int, want_axis: int, want: int | str | None) -> bool:
+    """`got` is dim `want_axis` of tensor `want_of` (whose inferred size is `want`): read
+    off that very tensor, or carrying the same int or symbol (the plan sizes its
+    buffers by these symbols, and two inputs disagreeing on one are refused when it
+    binds them)."""
+    if got is None:
+        return False
+    if got.of == want_of and got.axis == want_axis:
+        return True
+    return isinstance(got.symbol, (int, str)) and isinstance(want, (int, str)) and got.symbol == want
+
+
 def _entries(ctx: _Ctx, vid: int, n: int) -> list | None:
     """A shape tensor's n entries: an int (a constant) or a `_Part` of the Concat that
     builds it. torch.onnx's expand writes its shape as Where(Equal(s, -1s), 1s, s) of a
@@ -137,8 +225,11 @@ def _entries(ctx: _Ctx, vid: int, n: int) -> list | None:
         if part < 0:
             return None
         ints = ctx.ints(part)
+        reads = None if ints is not None else _shape_reads(ctx, part)
         if ints is not None:
             out += ints
+        elif reads is not None:
+            out += reads
         elif ctx.shape(part) == (1,):
             out.append(_Part(part))
         else:
@@ -180,60 +271,33 @@ def _ones(ctx: _Ctx, vid: int, s: int, n: int, sign: int) -> bool:
             and shape_of is not None and shape_of.inputs[0] == s and not shape_of.attrs)
 
 
-def _is_dim(ctx: _Ctx, entry: int | _Part, x: int, axis: int) -> bool:
-    """The entry is dim `axis` of x: that constant, or Unsqueeze(Gather(Shape(t), i))
-    with t = x and i = axis, or t's dim i carrying the same symbol (or int) as x's."""
+def _is_dim(ctx: _Ctx, entry: int | _Part | _Dim, x: int, axis: int) -> bool:
+    """The entry is dim `axis` of x: that constant, or a size read off a shape
+    (`_scalar_read`, `_reads_dim`)."""
     want = ctx.shape(x)[axis]
     if isinstance(entry, int):
         return isinstance(want, int) and entry == want
-    unsq = ctx.made(entry.vid, "Unsqueeze")
-    if unsq is None or _unsqueeze_axes(ctx, unsq) != [0]:
-        return False
-    return _is_scalar_dim(ctx, unsq.inputs[0], x, axis)
+    got = entry if isinstance(entry, _Dim) else _scalar_read(ctx, entry.vid)
+    return _reads_dim(got, x, axis, want)
 
 
-def _is_heads_times(ctx: _Ctx, entry: int | _Part, x: int, repeat: int) -> bool:
+def _is_heads_times(ctx: _Ctx, entry: int | _Part | _Dim, x: int, repeat: int) -> bool:
     """The entry is x's head count (dim 1) times `repeat`: that constant, or
     Unsqueeze(Mul(dim 1 of x, repeat)) as torch.onnx writes repeat_kv's reshape."""
     heads = ctx.shape(x)[1]
     if isinstance(entry, int):
         return isinstance(heads, int) and entry == heads * repeat
+    if isinstance(entry, _Dim):
+        return False
     unsq = ctx.made(entry.vid, "Unsqueeze")
     mul = None if unsq is None or _unsqueeze_axes(ctx, unsq) != [0] else ctx.made(unsq.inputs[0], "Mul")
-    return mul is not None and any(_const_scalar(ctx, r) == repeat and _is_scalar_dim(ctx, d, x, 1)
+    return mul is not None and any(_const_scalar(ctx, r) == repeat and _reads_dim(_scalar_read(ctx, d), x, 1, heads)
                                    for d, r in (mul.inputs, mul.inputs[::-1]))
 
 
 def _const_scalar(ctx: _Ctx, vid: int) -> int | None:
     array = ctx.const(vid)
     return int(array.reshape(-1)[0]) if array is not None and array.size == 1 and array.dtype.kind in "iu" else None
-
-
-def _is_scalar_dim(ctx: _Ctx, vid: int, x: int, axis: int) -> bool:
-    """`vid` = Gather(Shape(t), i), a scalar: dim `axis` of x (t = x and i = axis, or t's
-    dim i carrying the same symbol or int as x's)."""
-    want = ctx.shape(x)[axis]
-    gather = ctx.made(vid, "Gather")
-    if gather is None or int(gather.attrs.get("axis", 0)) != 0:
-        return False
-    index = ctx.const(gather.inputs[1])
-    shape_node = ctx.made(gather.inputs[0], "Shape")
-    if index is None or index.ndim != 0 or index.dtype.kind not in "iu" or shape_node is None:
-        return False
-    if int(shape_node.attrs.get("start", 0)) != 0 or "end" in shape_node.attrs:
-        return False
-    t = shape_node.inputs[0]
-    t_shape = ctx.shape(t)
-    if t_shape is None:
-        return False
-    i = int(index)
-    if not -len(t_shape) <= i < len(t_shape):
-        return False
-    i %= len(t_shape)
-    if t == x:
-        return i == axis
-    got = t_shape[i]
-    return isinstance(got, (int, str)) and isinstance(want, (int, str)) and got == want
 
 
 def _unsqueeze_axes(ctx: _Ctx, node: Node) -> list[int] | None:
@@ -247,8 +311,9 @@ def _repeated(ctx: _Ctx, vid: int) -> tuple[int, int, list[Node]] | None:
     """(x, r, nodes) when `vid` = Reshape(Expand(Unsqueeze(x, 2))) repeats x's heads r
     times by index; None when it is not that pattern."""
     reshape = ctx.made(vid, "Reshape")
-    if reshape is None or len(reshape.inputs) != 2 or int(reshape.attrs.get("allowzero", 0)) != 0:
+    if reshape is None or len(reshape.inputs) != 2:
         return None
+    literal_zeros = bool(int(reshape.attrs.get("allowzero", 0)))  # torch.onnx dynamo writes allowzero=1
     expand = ctx.made(reshape.inputs[0], "Expand")
     if expand is None or not ctx.only_into(expand.outputs[0], reshape):
         return None
@@ -275,7 +340,8 @@ def _repeated(ctx: _Ctx, vid: int) -> tuple[int, int, list[Node]] | None:
         return None
     if not (_is_heads_times(ctx, flat[1], x, repeat) and _is_dim(ctx, flat[3], x, 3)):
         return None
-    if not (flat[0] in (0, -1) or _is_dim(ctx, flat[0], x, 0)) or not (flat[2] == -1 or _is_dim(ctx, flat[2], x, 2)):
+    copies = (-1,) if literal_zeros else (0, -1)  # a 0 copies the input's dim only without allowzero
+    if not (flat[0] in copies or _is_dim(ctx, flat[0], x, 0)) or not (flat[2] == -1 or _is_dim(ctx, flat[2], x, 2)):
         return None
     return x, repeat, [unsq, expand, reshape]
 
@@ -339,7 +405,54 @@ def _scaled_scores(ctx: _Ctx, vid: int) -> tuple[int, int, Node, list[int], list
     return q, k_t, k_mul, [q_scale, k_scale], [q_mul, k_mul, qk]
 
 
-def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node) -> list[Node] | None:
+def _keys_transposed(ctx: _Ctx, k_t: int) -> tuple[int, list[Node], set[int]] | None:
+    """(K_r, nodes, the ids of the nodes reading K_r among them) when `k_t` =
+    Transpose(K_r, [0, 1, 3, 2]), or the same written as torch.onnx's dynamo exporter
+    writes a transpose of the last two dims, over the rows of all leading ones:
+    Reshape(Transpose(Reshape(K_r, [-1, d2, d3]), [0, 2, 1]), [d0, d1, d3, d2]), each d
+    a size read off a shape (its Shape, Slice and Concat nodes then read by the
+    chain alone)."""
+    turn = ctx.made(k_t, "Transpose")
+    if turn is not None:
+        return (turn.inputs[0], [turn], {id(turn)}) if list(turn.attrs.get("perm", ())) == [0, 1, 3, 2] else None
+    outer = ctx.made(k_t, "Reshape")
+    turn = None if outer is None else ctx.made(outer.inputs[0], "Transpose")
+    if turn is None or list(turn.attrs.get("perm", ())) != [0, 2, 1] or not ctx.only_into(outer.inputs[0], outer):
+        return None
+    inner = ctx.made(turn.inputs[0], "Reshape")
+    if inner is None or not ctx.only_into(turn.inputs[0], turn):
+        return None
+    x = inner.inputs[0]
+    if _rank(ctx, x) != 4 or any(int(n.attrs.get("allowzero", 0)) for n in (inner, outer)):
+        return None
+    rows, dims = _entries(ctx, inner.inputs[1], 3), _entries(ctx, outer.inputs[1], 4)
+    if rows is None or dims is None or rows[0] != -1:
+        return None
+    if not (_is_dim(ctx, rows[1], x, 2) and _is_dim(ctx, rows[2], x, 3)):
+        return None
+    if not all(_is_dim(ctx, d, x, axis) for d, axis in zip(dims, (0, 1, 3, 2))):
+        return None
+    # the shape arithmetic of the two Reshapes (Shape(K_r) -> Slice -> Concat) dies with them
+    dying = {id(inner), id(outer)}
+    shapes = [n for n, _ in ctx.read_by.get(x, []) if is_plain(n, "Shape") and _feeds_only(ctx, n, dying, 3)]
+    return x, [inner, turn, outer], {id(inner)} | {id(n) for n in shapes}
+
+
+def _feeds_only(ctx: _Ctx, node: Node, targets: set[int], depth: int) -> bool:
+    """Every output of `node` is read by the `targets` alone, directly or through at most
+    `depth` further nodes that are themselves read so (and by no graph output)."""
+    for o in node.outputs:
+        if o < 0:
+            continue
+        if o in ctx.outputs:
+            return False
+        for reader, pos in ctx.read_by.get(o, []):
+            if pos < 0 or (id(reader) not in targets and (depth == 0 or not _feeds_only(ctx, reader, targets, depth - 1))):
+                return False
+    return True
+
+
+def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node | set[int]) -> list[Node] | None:
     """The Shape nodes reading a repeated K or V besides the chain's `reader`, when each
     is only gathered at dims the repeat leaves as they were (0, 2 and 3: optimum slices
     the mask by the repeated K's length, torch.onnx reads the head width off the
@@ -347,9 +460,10 @@ def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node) -> list[Node] | None:
     reads it."""
     if rep in ctx.outputs:
         return None
+    readers = {id(reader)} if isinstance(reader, Node) else reader
     shapes = []
     for node, pos in ctx.read_by.get(rep, []):
-        if node is reader:
+        if id(node) in readers:
             continue
         if pos < 0 or not is_plain(node, "Shape") or node.attrs:
             return None
@@ -392,13 +506,11 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     if scores is None or not ctx.only_into(scaled, masker):
         return None
     q, k_t, k_t_reader, scales, score_nodes = scores
-    transpose = ctx.made(k_t, "Transpose")
-    if transpose is None or not ctx.only_into(k_t, k_t_reader):
+    turned = _keys_transposed(ctx, k_t) if ctx.only_into(k_t, k_t_reader) else None
+    if turned is None:
         return None
-    if list(transpose.attrs.get("perm", ())) != [0, 1, 3, 2]:
-        return None
-    k_rep = transpose.inputs[0]
-    k_shapes = _shapes_of_repeat(ctx, k_rep, transpose)
+    k_rep, transpose, k_readers = turned
+    k_shapes = _shapes_of_repeat(ctx, k_rep, k_readers)
     v_shapes = _shapes_of_repeat(ctx, v_rep, pv)
     k_side = _repeated(ctx, k_rep) if k_shapes is not None else None
     v_side = _repeated(ctx, v_rep) if v_shapes is not None else None
@@ -438,7 +550,7 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
         _reread(ctx, shape_node, k_rep, k)
     for shape_node in v_shapes:
         _reread(ctx, shape_node, v_rep, v)
-    chain = repeats + [transpose, *score_nodes, masker, softmax, *guard_nodes, pv]
+    chain = repeats + [*transpose, *score_nodes, masker, softmax, *guard_nodes, pv]
     return _emit(ctx, chain, inputs, repeat, mode, nan_guard=bool(guard_nodes))
 
 
