@@ -252,14 +252,24 @@ def _torch_repeat_kv(nodes, x, prefix, rep):
     return f"{prefix}_rep"
 
 
-def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill=0.0, read_dim=2):
+def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill=0.0, read_dim=2,
+                      scale_from_width=False):
     """torch's scaled_dot_product_attention after torch.onnx: q * sqrt(scale) @
     (K_r^T * sqrt(scale)) + Where(mask, 0, -inf) -> Softmax -> Where(IsNaN(p), 0, p) @ V_r,
     the repeated K's dim `read_dim` and the repeated V's width read off their shapes
-    (graph outputs here), as optimum and torch.onnx read them."""
+    (graph outputs here), as optimum and torch.onnx read them. `scale_from_width`: the
+    scale computed at run time from Q's width, as optimum's gpt2 does."""
     rep = heads // kv_heads
     nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
              helper.make_node("Concat", ["past_v", "new_v"], ["present_v"], axis=2)]
+    if scale_from_width:
+        nodes += [helper.make_node("Shape", ["q"], ["q_shape"]),
+                  helper.make_node("Slice", ["q_shape", "minus1", "int_max"], ["q_width"]),
+                  helper.make_node("Cast", ["q_width"], ["q_width_f"], to=F32),
+                  helper.make_node("Sqrt", ["q_width_f"], ["q_width_root"]),
+                  helper.make_node("Div", ["one", "q_width_root"], ["scale"]),
+                  helper.make_node("Cast", ["scale"], ["scale_f"], to=F32),
+                  helper.make_node("Sqrt", ["scale_f"], ["root"])]
     k = _torch_repeat_kv(nodes, "present_k", "rk", rep)
     v = _torch_repeat_kv(nodes, "present_v", "rv", rep)
     root = np.float32(1.0 / np.sqrt(np.sqrt(width)))
@@ -282,9 +292,11 @@ def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill
     ]
     inits = [*(_c(f"i{i}", i, np.int64) for i in range(4)), _c("ax0", [0], np.int64), _c("ax2", [2], np.int64),
              _c("c_rep", [rep], np.int64), _c("rep_scalar", rep, np.int64), _c("minus1", [-1], np.int64),
-             _c("minus1_scalar", -1, np.int64), _c("root", root, np.float32), _c("zero", 0.0, np.float32),
+             _c("minus1_scalar", -1, np.int64), _c("zero", 0.0, np.float32),
              _c("minus_inf", -np.inf, np.float32), _c("guard_fill", guard_fill, np.float32),
              _c("two", 2.0, np.float32)]
+    inits += ([_c("one", [1.0], np.float32), _c("int_max", [np.iinfo(np.int64).max], np.int64)] if scale_from_width
+              else [_c("root", root, np.float32)])
     B = "B"
     inputs = [helper.make_tensor_value_info("q", F32, [B, heads, seq, width]),
               helper.make_tensor_value_info("past_k", F32, [B, kv_heads, past, width]),
@@ -410,6 +422,36 @@ def test_torch_sdpa_attention_fused_on_cuda_vs_onnxruntime():
     """The same on the CUDA backend: the guard a device-side masked write, no host read."""
     session = _differential(_torch_sdpa_model(heads=9, kv_heads=3, seq=1), backend="cuda")
     assert len(_fused_nodes(session)) == 1
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_a_scale_computed_from_qs_width_is_fused_vs_onnxruntime(heads, kv_heads):
+    """optimum's gpt2 computes the scale from Slice(Shape(q), -1) at run time: the rule
+    computes it at load, with the graph's own kernels, for the width the inferred
+    shapes give, and the fused node checks that width at run time."""
+    session = _differential(_torch_sdpa_model(heads=heads, kv_heads=kv_heads, width=16, scale_from_width=True))
+    (fused,) = _fused_nodes(session)
+    assert fused.attrs["q_width"] == 16
+    q = next(v for v, value in enumerate(session.graph.values) if value.name == "q")
+    assert not any(n.op_type == "Sqrt" or q in n.inputs for n in session.graph.nodes if n is not fused)
+
+
+def test_a_scale_computed_for_a_width_the_shapes_got_wrong_fails_naming_the_node():
+    """A model whose declared shapes give Q another width than it has: the scale
+    computed at load would be wrong, so the fused node refuses the run, naming itself."""
+    model = _torch_sdpa_model(heads=4, kv_heads=4, width=16, scale_from_width=True)
+    model.graph.node.insert(0, helper.make_node("Identity", ["q_in"], ["q"]))
+    model.graph.input[0].name = "q_in"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
+    model.graph.value_info.append(helper.make_tensor_value_info("q", F32, ["B", 4, 2, 16]))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    (fused,) = _fused_nodes(session)
+    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
+             for i in session.get_inputs()}
+    feeds["q_in"] = np.zeros((1, 4, 2, 8), np.float32)
+    feeds["mask"] = np.ones(feeds["mask"].shape, bool)
+    with pytest.raises(workbench.WorkbenchError, match=f"(?s){fused.name}.*8 wide.*width 16"):
+        session.run(None, feeds)
 
 
 @pytest.mark.parametrize("case", ["guard_fill", "read_heads"])

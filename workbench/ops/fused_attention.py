@@ -3,7 +3,8 @@ write out op by op, as one kernel (emitted by the load-time rule
 `rewrite.fusion_attention`; no model file carries it).
 
 Inputs ``(Q, K, V, mask, scale, fill?, key_scale?)``, attributes ``kv_repeat`` (r >= 1),
-``mask_mode`` ("where" | "add") and ``nan_guard`` (0 | 1). It computes exactly what the
+``mask_mode`` ("where" | "add"), ``nan_guard`` (0 | 1) and ``q_width`` (a scale computed at
+load from Q's width, checked at run time; 0: none). It computes exactly what the
 chain it replaces computes, op for op, in the inputs' dtype::
 
     K_r, V_r = K, V with each head repeated r times (head h reads kv head h // r:
@@ -57,10 +58,14 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
     repeat = int(info.attr("kv_repeat", 1))
     mode = attr_str(info, "mask_mode", "where")
     nan_guard = bool(info.attr("nan_guard", 0))
+    q_width = int(info.attr("q_width", 0))
     dtype = out_dtype(info)
 
     def run(inputs: list, outs: list) -> tuple:
         q, k, v, mask, scale, fill, key_scale = pad_inputs(inputs, 7)[:7]
+        if q_width and q.shape[-1] != q_width:
+            raise ValueError(f"Q is {q.shape[-1]} wide; the scale was computed at load for width {q_width} "
+                             "(the model's inferred shapes)")
         if key_scale is not None:
             # each element scaled as the chain scales it; K before the repeat (a copy of
             # heads) and the transpose, which move elements without changing them

@@ -73,16 +73,27 @@ def _foldable(graph: Graph, node: Node, outputs: set[int]) -> bool:
 def _fold(graph: Graph, node: Node) -> dict[int, np.ndarray] | None:
     """Run the node's own kernel on its initializers; None when that is not possible
     or not worth it."""
+    ins = [graph.initializers[i] if i >= 0 else None for i in node.inputs]
+    folded = evaluate(graph, node, ins)
+    budget = _GROWTH * sum(a.nbytes for a in ins if a is not None) + _SLACK_BYTES
+    if folded is None or sum(a.nbytes for a in folded.values()) > budget:
+        return None
+    return folded
+
+
+def evaluate(graph: Graph, node: Node, inputs: list) -> dict[int, np.ndarray] | None:
+    """Output value id -> the array the node's own kernel computes from `inputs` (numpy
+    arrays, None where omitted), in each value's declared dtype, a fresh C-contiguous
+    array; None when the op has no native kernel, or the kernel fails (it fails at run
+    time then, with its node named)."""
     info = node_info(graph, node, np, None)
     spec = registry.find_native(info)
     if spec is None:
         return None  # the host fallback: leave it to run time, where it is reported
-    ins = [graph.initializers[i] if i >= 0 else None for i in node.inputs]
     try:
-        results = spec.build(info)(ins, [None] * len(node.outputs))
+        results = spec.build(info)(list(inputs), [None] * len(node.outputs))
     except Exception:  # noqa: BLE001 - a kernel that fails here fails at run time, with its node named
         return None
-    budget = _GROWTH * sum(a.nbytes for a in ins if a is not None) + _SLACK_BYTES
     folded: dict[int, np.ndarray] = {}
     for vid, r in zip(node.outputs, results):
         if vid < 0:
@@ -93,6 +104,4 @@ def _fold(graph: Graph, node: Node) -> dict[int, np.ndarray] | None:
         if v.dtype is not None and r.dtype != v.dtype:
             r = r.astype(v.dtype)
         folded[vid] = np.array(r, order="C", copy=True)  # never a view of another weight (and 0-d stays 0-d)
-    if sum(a.nbytes for a in folded.values()) > budget:
-        return None
     return folded

@@ -65,9 +65,11 @@ import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ops.fused_attention import WORKBENCH_DOMAIN
+from .constant_folding import evaluate
 from .graph_edit import (
     MatchContext,
     Rewrite,
+    add_initializer,
     drop_orphans,
     ensure_opset,
     in_bodies,
@@ -399,7 +401,7 @@ def _scaled_scores(ctx: _Ctx, vid: int) -> tuple[int, int, Node, list[int], list
         mul = ctx.made(side, "Mul")
         if mul is None or len(mul.inputs) != 2 or not ctx.only_into(side, qk):
             return None
-        x, scale = mul.inputs if ctx.const(mul.inputs[1]) is not None else mul.inputs[::-1]
+        x, scale = mul.inputs if _one_element(ctx, mul.inputs[1]) else mul.inputs[::-1]
         sides.append((x, scale, mul))
     (q, q_scale, q_mul), (k_t, k_scale, k_mul) = sides
     return q, k_t, k_mul, [q_scale, k_scale], [q_mul, k_mul, qk]
@@ -452,6 +454,15 @@ def _feeds_only(ctx: _Ctx, node: Node, targets: set[int], depth: int) -> bool:
     return True
 
 
+def _one_element(ctx: _Ctx, vid: int) -> bool:
+    """`vid` holds one element: a constant of size 1, or a tensor whose inferred dims are all 1."""
+    array = ctx.const(vid)
+    if array is not None:
+        return array.size == 1
+    shape = ctx.shape(vid)
+    return shape is not None and all(d == 1 for d in shape)
+
+
 def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node | set[int]) -> list[Node] | None:
     """The Shape nodes reading a repeated K or V besides the chain's `reader`, when each
     is only gathered at dims the repeat leaves as they were (0, 2 and 3: optimum slices
@@ -476,6 +487,51 @@ def _shapes_of_repeat(ctx: _Ctx, rep: int, reader: Node | set[int]) -> list[Node
             return None
         shapes.append(node)
     return shapes
+
+
+#: the ops a scale computed from Q's width may go through (`_width_scale`)
+_SCALE_OPS = ("Cast", "Sqrt", "Div", "Mul", "Pow", "Reciprocal", "Squeeze", "Unsqueeze", "Reshape")
+
+
+def _width_scale(ctx: _Ctx, vid: int, q: int, dtype: np.dtype) -> np.ndarray | None:
+    """The scale `vid` as a one-element array, when it is computed from Q's width (dim
+    3) alone and the inferred shapes give that width as an int: optimum's gpt2 computes
+    1 / sqrt(sqrt(d)) from Slice(Shape(q), -1) at run time. The value is what the
+    graph's own kernels compute for that width (`constant_folding.evaluate`); the fused
+    kernel checks Q's width at run time (`q_width`), so a width the inferred shapes got
+    wrong fails there, naming the node, instead of scaling by the wrong constant."""
+    width = (ctx.shape(q) or (None,) * 4)[3]
+    if not isinstance(width, int):
+        return None
+    values: dict[int, np.ndarray] = {}
+
+    def value_of(v: int, depth: int) -> np.ndarray | None:
+        if v in values:
+            return values[v]
+        array = ctx.const(v)
+        if array is None:
+            reads = _shape_reads(ctx, v)
+            read = _scalar_read(ctx, v) if reads is None else None
+            if reads and all(_reads_dim(r, q, 3, width) for r in reads):
+                array = np.full(len(reads), width, np.int64)
+            elif read is not None and _reads_dim(read, q, 3, width) and ctx.shape(v) in ((), (1,)):
+                array = np.full(ctx.shape(v), width, np.int64)
+            else:
+                node = ctx.made(v, *_SCALE_OPS)
+                if node is None or depth == 0 or len(node.outputs) != 1:
+                    return None
+                ins = [None if i < 0 else value_of(i, depth - 1) for i in node.inputs]
+                if any(a is None for i, a in zip(node.inputs, ins) if i >= 0):
+                    return None
+                array = (evaluate(ctx.graph, node, ins) or {}).get(v)
+        if array is not None:
+            values[v] = array
+        return array
+
+    array = value_of(vid, 8)
+    if array is None or array.size != 1 or array.ndim > 4 or array.dtype != dtype:
+        return None
+    return array
 
 
 def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
@@ -532,8 +588,15 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     # form, runs the plain broadcast MatMuls as the chain did)
     if repeat > 1 and isinstance(q_shape[1], int) and q_shape[1] != k_shape[1] * repeat:
         return None
-    if not all(_small_const(ctx, scale, dtype) for scale in scales) or not _softmax_last_axis(ctx, softmax, 4):
+    if not _softmax_last_axis(ctx, softmax, 4):
         return None
+    q_width, computed = 0, {}
+    for scale in scales:
+        if not _small_const(ctx, scale, dtype):
+            computed[scale] = _width_scale(ctx, scale, q, dtype)
+            if computed[scale] is None:
+                return None
+            q_width = ctx.shape(q)[3]
     mask_rank = _rank(ctx, mask)
     if mask_rank is None or mask_rank > 4:
         return None
@@ -545,13 +608,16 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
         if ctx.dtype(mask) != dtype:
             return None
         mode = "add"
+    for scale, array in computed.items():  # one weight per computed scale, shared by both sides
+        computed[scale] = add_initializer(ctx.graph, f"{ctx.graph.values[scale].name}/at_load", array)
+    scales = [computed.get(scale, scale) for scale in scales]
     inputs = [q, k, v, mask, scales[0], fill] + scales[1:]
     for shape_node in k_shapes:  # dims 0, 2, 3 are the repeated tensor's
         _reread(ctx, shape_node, k_rep, k)
     for shape_node in v_shapes:
         _reread(ctx, shape_node, v_rep, v)
     chain = repeats + [*transpose, *score_nodes, masker, softmax, *guard_nodes, pv]
-    return _emit(ctx, chain, inputs, repeat, mode, nan_guard=bool(guard_nodes))
+    return _emit(ctx, chain, inputs, repeat, mode, nan_guard=bool(guard_nodes), q_width=q_width)
 
 
 def _reread(ctx: _Ctx, node: Node, old: int, new: int) -> None:
@@ -567,13 +633,15 @@ def _fused_name(chain: list[Node]) -> str:
     return f"{prefix[:cut]}/{OP}" if cut > 0 else f"{chain[-1].name}/{OP}"
 
 
-def _emit(ctx: _Ctx, chain: list[Node], inputs: list[int], repeat: int, mode: str, nan_guard: bool) -> Rewrite:
+def _emit(ctx: _Ctx, chain: list[Node], inputs: list[int], repeat: int, mode: str, nan_guard: bool,
+          q_width: int) -> Rewrite:
     graph = ctx.graph
     out = chain[-1].outputs[0]
     while inputs[-1] < 0:  # a trailing optional left out
         inputs = inputs[:-1]
     fused = make_node(graph, _fused_name(chain), OP, inputs, [out], domain=WORKBENCH_DOMAIN,
-                      kv_repeat=repeat, mask_mode=mode, nan_guard=int(nan_guard))
+                      kv_repeat=repeat, mask_mode=mode, nan_guard=int(nan_guard),
+                      **({"q_width": q_width} if q_width else {}))
     ensure_opset(graph, WORKBENCH_DOMAIN, 1)
     replace_nodes(graph, chain, [fused])
     gone = list(chain)
