@@ -58,6 +58,16 @@ def _repeat_kv(nodes, x, prefix, kv_heads, rep, heads, width, tile=False):
                              _c("c_h", [heads], np.int64), _c("c_d", [width], np.int64)]
 
 
+def _attention_inputs(heads, kv_heads, seq, past, width, mask_type, mask_dims):
+    """The graph inputs every attention model here takes: q, the past and new K / V, the mask."""
+    return [helper.make_tensor_value_info("q", F32, ["B", heads, seq, width]),
+            helper.make_tensor_value_info("past_k", F32, ["B", kv_heads, past, width]),
+            helper.make_tensor_value_info("new_k", F32, ["B", kv_heads, seq, width]),
+            helper.make_tensor_value_info("past_v", F32, ["B", kv_heads, past, width]),
+            helper.make_tensor_value_info("new_v", F32, ["B", kv_heads, seq, width]),
+            helper.make_tensor_value_info("mask", mask_type, mask_dims)]
+
+
 def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where", leak=None,
                      softmax_axis=-1, scale_input=False, mask_batch=None, opset=18, tile=False):
     """q [B, H, S, D]; present k / v = Concat(past, new) (graph outputs); repeat_kv when
@@ -89,14 +99,8 @@ def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where
     nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=softmax_axis),
               helper.make_node("MatMul", ["probs", v], ["y"]),
               helper.make_node("Mul", ["y", "two"], ["y2"])]
-    B = "B"
-    mask_dims = [mask_batch or B, 1, seq, total]
-    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, seq, width]),
-              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, past, width]),
-              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, seq, width]),
-              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, past, width]),
-              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, seq, width]),
-              helper.make_tensor_value_info("mask", TensorProto.BOOL if mask == "where" else F32, mask_dims)]
+    inputs = _attention_inputs(heads, kv_heads, seq, past, width, TensorProto.BOOL if mask == "where" else F32,
+                               [mask_batch or "B", 1, seq, total])
     if scale_input:
         inputs.append(helper.make_tensor_value_info("scale", F32, []))
     outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y2", "present_k", "present_v")]
@@ -297,13 +301,7 @@ def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill
              _c("two", 2.0, np.float32)]
     inits += ([_c("one", [1.0], np.float32), _c("int_max", [np.iinfo(np.int64).max], np.int64)] if scale_from_width
               else [_c("root", root, np.float32)])
-    B = "B"
-    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, seq, width]),
-              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, past, width]),
-              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, seq, width]),
-              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, past, width]),
-              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, seq, width]),
-              helper.make_tensor_value_info("mask", TensorProto.BOOL, [B, 1, seq, past + seq])]
+    inputs = _attention_inputs(heads, kv_heads, seq, past, width, TensorProto.BOOL, ["B", 1, seq, past + seq])
     outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y2", "present_k", "present_v")]
     outputs += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("k_rep_dim", "v_rep_width")]
     graph = helper.make_graph(nodes, "torch_sdpa", inputs, outputs, inits)
@@ -382,14 +380,8 @@ def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False):
              _c("minus2", [-2], np.int64), _c("int_max", [np.iinfo(np.int64).max], np.int64),
              _c("int_min", [np.iinfo(np.int64).min], np.int64), _c("root", root, np.float32),
              _c("zero", 0.0, np.float32), _c("lowest", FILL, np.float32), _c("two", 2.0, np.float32)]
-    B = "B"
-    inputs = [helper.make_tensor_value_info("q", F32, [B, heads, "S", width]),
-              helper.make_tensor_value_info("past_k", F32, [B, kv_heads, "P", width]),
-              helper.make_tensor_value_info("new_k", F32, [B, kv_heads, "S", width]),
-              helper.make_tensor_value_info("past_v", F32, [B, kv_heads, "P", width]),
-              helper.make_tensor_value_info("new_v", F32, [B, kv_heads, "S", width]),
-              helper.make_tensor_value_info("mask", TensorProto.BOOL, [B, 1, "S", "P + S"])]
-    presents = [helper.make_tensor_value_info(n, F32, [B, kv_heads, "P + S", width]) for n in ("present_k", "present_v")]
+    inputs = _attention_inputs(heads, kv_heads, "S", "P", width, TensorProto.BOOL, ["B", 1, "S", "P + S"])
+    presents = [helper.make_tensor_value_info(n, F32, ["B", kv_heads, "P + S", width]) for n in ("present_k", "present_v")]
     outputs = [helper.make_tensor_value_info("y2", F32, None), *presents]
     graph = helper.make_graph(nodes, "dynamo_sdpa", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)

@@ -161,15 +161,23 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
             positions = position_ids.reshape(batch, seq)
         cos = _gather_rows(xp, cos_cache, positions, ct)[..., : rot_dim // 2]
         sin = _gather_rows(xp, sin_cache, positions, ct)[..., : rot_dim // 2]
-        if x.ndim == 4:
-            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved,
-                       as_onnxruntime)
-        else:
-            xr = x.reshape(batch, seq, n_heads, head_size).astype(ct, copy=False)
-            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved, as_onnxruntime)
-        return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
+        y = _rotate_either_layout(xp, x, cos, sin, n_heads, head_size, rot_dim, interleaved, as_onnxruntime, ct)
+        return (emit(outs[0], y, dtype, like=x),)
 
     return run
+
+
+def _rotate_either_layout(xp: Any, x: Any, cos: Any, sin: Any, heads: int, head_size: int, rot_dim: int,
+                          interleaved: bool, as_onnxruntime: bool, ct: Any) -> Any:
+    """X rotated, in X's shape: [B, N, S, H] as it is, [B, S, hidden] split into its
+    heads; cos / sin [B, S, rot_dim / 2]."""
+    if x.ndim == 4:
+        y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved, as_onnxruntime)
+    else:
+        batch, seq = x.shape[:2]
+        xr = x.reshape(batch, seq, heads, head_size).astype(ct, copy=False)
+        y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved, as_onnxruntime)
+    return y.reshape(x.shape)
 
 
 @register("RotaryEmbedding", domain="", since=23, dtypes=HALF_AND_FLOAT)
@@ -207,14 +215,8 @@ def build_rotary_embedding(info: NodeInfo) -> KernelFn:
         else:
             cos = cos_cache.reshape(batch, seq, -1).astype(ct, copy=False)
             sin = sin_cache.reshape(batch, seq, -1).astype(ct, copy=False)
-        cos = cos[..., : rot_dim // 2]
-        sin = sin[..., : rot_dim // 2]
-        if x.ndim == 4:
-            y = rotate(xp, x.astype(ct, copy=False), cos[:, None], sin[:, None], rot_dim, interleaved,
-                       as_onnxruntime)
-        else:
-            xr = x.reshape(batch, seq, num_heads, head_size).astype(ct, copy=False)
-            y = rotate(xp, xr, cos[:, :, None], sin[:, :, None], rot_dim, interleaved, as_onnxruntime)
-        return (emit(outs[0], y.reshape(x.shape), dtype, like=x),)
+        y = _rotate_either_layout(xp, x, cos[..., : rot_dim // 2], sin[..., : rot_dim // 2], num_heads, head_size,
+                                  rot_dim, interleaved, as_onnxruntime, ct)
+        return (emit(outs[0], y, dtype, like=x),)
 
     return run

@@ -293,13 +293,8 @@ def _is_heads_times(ctx: _Ctx, entry: int | _Part | _Dim, x: int, repeat: int) -
         return False
     unsq = ctx.made(entry.vid, "Unsqueeze")
     mul = None if unsq is None or _unsqueeze_axes(ctx, unsq) != [0] else ctx.made(unsq.inputs[0], "Mul")
-    return mul is not None and any(_const_scalar(ctx, r) == repeat and _reads_dim(_scalar_read(ctx, d), x, 1, heads)
+    return mul is not None and any(ctx.ints(r) == [repeat] and _reads_dim(_scalar_read(ctx, d), x, 1, heads)
                                    for d, r in (mul.inputs, mul.inputs[::-1]))
-
-
-def _const_scalar(ctx: _Ctx, vid: int) -> int | None:
-    array = ctx.const(vid)
-    return int(array.reshape(-1)[0]) if array is not None and array.size == 1 and array.dtype.kind in "iu" else None
 
 
 def _unsqueeze_axes(ctx: _Ctx, node: Node) -> list[int] | None:
@@ -541,7 +536,7 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
     guard = _nan_guarded(ctx, probs)
     soft, guard_nodes = guard if guard is not None else (probs, [])
     softmax = ctx.made(soft, "Softmax")
-    if softmax is None or not ctx.only_into(probs, pv) or (guard is None and not ctx.only_into(soft, pv)):
+    if softmax is None or not ctx.only_into(probs, pv):
         return None
     masker = ctx.made(softmax.inputs[0], "Where", "Add")
     if masker is None or not ctx.only_into(softmax.inputs[0], softmax):
@@ -624,7 +619,7 @@ def _reread(ctx: _Ctx, node: Node, old: int, new: int) -> None:
     """`node` reads `new` where it read `old`, the indexes kept in step."""
     node.inputs = tuple(new if v == old else v for v in node.inputs)
     ctx.read_by[old] = [u for u in ctx.read_by.get(old, []) if u[0] is not node]
-    ctx.read_by.setdefault(new, []).append((node, 0))
+    ctx.read_by.setdefault(new, []).extend((node, pos) for pos, v in enumerate(node.inputs) if v == new)
 
 
 def _fused_name(chain: list[Node]) -> str:
