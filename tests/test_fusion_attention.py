@@ -256,6 +256,22 @@ def _torch_repeat_kv(nodes, x, prefix, rep):
     return f"{prefix}_rep"
 
 
+def _sdpa_tail(v, masked_fill, guard_fill):
+    """From "kt" (K^T) on, as torch writes scaled_dot_product_attention: q * root @ kt *
+    root + Where(mask, 0, masked_fill) -> Softmax -> Where(IsNaN(p), guard_fill, p) @ v,
+    then y * 2 (so y is not only a graph output)."""
+    return [helper.make_node("Mul", ["q", "root"], ["qs"]),
+            helper.make_node("Mul", ["kt", "root"], ["kts"]),
+            helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
+            helper.make_node("Where", ["mask", "zero", masked_fill], ["additive"]),
+            helper.make_node("Add", ["scores", "additive"], ["masked"]),
+            helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+            helper.make_node("IsNaN", ["probs"], ["nan"]),
+            helper.make_node("Where", ["nan", guard_fill, "probs"], ["guarded"]),
+            helper.make_node("MatMul", ["guarded", v], ["y"]),
+            helper.make_node("Mul", ["y", "two"], ["y2"])]
+
+
 def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill=0.0, read_dim=2,
                       scale_from_width=False):
     """torch's scaled_dot_product_attention after torch.onnx: q * sqrt(scale) @
@@ -278,17 +294,8 @@ def _torch_sdpa_model(*, heads=6, kv_heads=2, seq=2, past=5, width=8, guard_fill
     v = _torch_repeat_kv(nodes, "present_v", "rv", rep)
     root = np.float32(1.0 / np.sqrt(np.sqrt(width)))
     nodes += [
-        helper.make_node("Mul", ["q", "root"], ["qs"]),
         helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
-        helper.make_node("Mul", ["kt", "root"], ["kts"]),
-        helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
-        helper.make_node("Where", ["mask", "zero", "minus_inf"], ["additive"]),
-        helper.make_node("Add", ["scores", "additive"], ["masked"]),
-        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
-        helper.make_node("IsNaN", ["probs"], ["nan"]),
-        helper.make_node("Where", ["nan", "guard_fill", "probs"], ["guarded"]),
-        helper.make_node("MatMul", ["guarded", v], ["y"]),
-        helper.make_node("Mul", ["y", "two"], ["y2"]),
+        *_sdpa_tail(v, "minus_inf", "guard_fill"),
         helper.make_node("Shape", [k], ["k_rep_shape"]),
         helper.make_node("Gather", ["k_rep_shape", f"i{read_dim}"], ["k_rep_dim"], axis=0),
         helper.make_node("Shape", [v], ["v_rep_shape"]),
@@ -363,16 +370,7 @@ def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False):
         helper.make_node("Transpose", ["k_rows"], ["k_rows_t"], perm=[0, 2, 1]),
         helper.make_node("Concat", last, ["kt_shape"], axis=0),
         helper.make_node("Reshape", ["k_rows_t", "kt_shape"], ["kt"]),
-        helper.make_node("Mul", ["q", "root"], ["qs"]),
-        helper.make_node("Mul", ["kt", "root"], ["kts"]),
-        helper.make_node("MatMul", ["qs", "kts"], ["scores"]),
-        helper.make_node("Where", ["mask", "zero", "lowest"], ["additive"]),
-        helper.make_node("Add", ["scores", "additive"], ["masked"]),
-        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
-        helper.make_node("IsNaN", ["probs"], ["nan"]),
-        helper.make_node("Where", ["nan", "zero", "probs"], ["guarded"]),
-        helper.make_node("MatMul", ["guarded", v], ["y"]),
-        helper.make_node("Mul", ["y", "two"], ["y2"]),
+        *_sdpa_tail(v, "lowest", "zero"),
     ]
     root = np.float32(1.0 / np.sqrt(np.sqrt(width)))
     inits = [_c("ax2", [2], np.int64), _c("c_kv", [kv_heads], np.int64), _c("c_rep", [rep], np.int64),

@@ -132,11 +132,7 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
     ``is_packed_batching`` do not change the result (as in onnxruntime's CPU kernel).
     """
     xp = info.xp
-    num_heads = int(info.attr("num_heads", 0))
-    rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
-    interleaved = int(info.attr("interleaved", 0)) == 1
-    dtype = out_dtype(info)
-    as_onnxruntime = onnxruntime_rotary(info)
+    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info)
     if rotary_dim_attr > 0 and num_heads <= 0:
         raise KernelError(f"RotaryEmbedding node {info.name!r}: num_heads must be given "
                           "with rotary_embedding_dim")
@@ -167,6 +163,13 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
     return run
 
 
+def _rotary_attrs(info: NodeInfo) -> tuple[int, int, bool, Any, bool]:
+    """(num_heads, rotary_embedding_dim, interleaved, output dtype, onnxruntime's
+    rounding), as both domains' RotaryEmbedding take them."""
+    return (int(info.attr("num_heads", 0)), int(info.attr("rotary_embedding_dim", 0)),
+            int(info.attr("interleaved", 0)) == 1, out_dtype(info), onnxruntime_rotary(info))
+
+
 def _rotate_either_layout(xp: Any, x: Any, cos: Any, sin: Any, heads: int, head_size: int, rot_dim: int,
                           interleaved: bool, as_onnxruntime: bool, ct: Any) -> Any:
     """X rotated, in X's shape: [B, N, S, H] as it is, [B, S, hidden] split into its
@@ -188,11 +191,7 @@ def build_rotary_embedding(info: NodeInfo) -> KernelFn:
     caches are [max_position, rotary_dim / 2], without they are [B, S, rotary_dim / 2].
     """
     xp = info.xp
-    num_heads = int(info.attr("num_heads", 0))
-    rotary_dim_attr = int(info.attr("rotary_embedding_dim", 0))
-    interleaved = int(info.attr("interleaved", 0)) == 1
-    dtype = out_dtype(info)
-    as_onnxruntime = onnxruntime_rotary(info)
+    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info)
 
     def run(inputs: list, outs: list) -> tuple:
         x, cos_cache, sin_cache, position_ids = pad_inputs(inputs, 4)[:4]
