@@ -13,8 +13,8 @@ decode through the prepared call (`gqa_host_decode.HostDecode`) on fixed caches 
 in place and through the general one-token path on growing caches, local windows,
 attention bias, separate Q/K/V, no rotary, a ragged batch.
 
-Bit-exact where onnxruntime takes the kernels emulated (x86-64 with AVX2/FMA and no
-AVX-512: `mlas_isa.isa()` is "avx2"); elsewhere the old tolerance holds. Not reproduced,
+Bit-exact where onnxruntime takes the kernels emulated (x86-64 with AVX2/FMA, or with
+AVX-512: `mlas_isa.isa()` is "avx2" or "avx512"); elsewhere the old tolerance holds. Not reproduced,
 and so not tested for bits: MLAS's flash decoding (one token, batch x heads below
 onnxruntime's thread count and more than one key block).
 """
@@ -39,7 +39,7 @@ from workbench.ops.ort_float32 import fma32, fma_chain, fma_step
 RUNS = 6
 HEADS, KV_HEADS, HEAD = 9, 3, 64
 OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-EXACT = mlas_isa.isa() == "avx2"
+EXACT = mlas_isa.isa() in ("avx2", "avx512")
 ROUNDED = SessionOptions(onnxruntime_rounding="always", decode_memo_verify=False)
 F32 = np.float32
 
@@ -306,3 +306,11 @@ def test_fma_step_and_chain_round_a_double_rounding_case_once(monkeypatch):
     many[37] = a
     got = fma_chain(many, np.full((40, 3), b, F32), np.full(3, c, F32))
     assert (got == want).all()
+
+
+@pytest.mark.parametrize(("n", "k", "panel"), [(64, 300, 256), (128, 300, 128), (64, 40, 64), (300, 64, 64),
+                                               (16, 1000, 1024), (300, 300, 128)])
+def test_sgemm_steps_k_in_mlas_panels(n, k, panel):
+    """MLAS's SGEMM trades its N and K strides (128 each) by the shape: P x V over 300
+    keys at head size 64 is two panels (256 + 44), at head size 128 three."""
+    assert mlas_attention.stride_k(n, k) == panel

@@ -251,10 +251,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     steady = SameArrays()
     plain_host = xp is np and softcap == 0.0 and not smooth_softmax
     # float32 on the host where the plan asks for onnxruntime's rounding: MLAS's rotary
-    # kernel, and, where onnxruntime runs MLAS's FMA3 softmax, its flash attention
+    # kernel, and, where onnxruntime runs MLAS's FMA3 or AVX-512F softmax, its flash attention
     # (`mlas_attention`; softcap and smooth softmax take onnxruntime's other path)
     exact_rotary = onnxruntime_rotary(info)
-    exact_attention = exact_rotary and mlas_isa.isa() == "avx2" and plain_host and local_window != 0
+    exact_attention = exact_rotary and mlas_isa.isa() in ("avx2", "avx512") and plain_host and local_window != 0
 
     def rotation_of(inputs: list) -> RotationMatrix | None:
         """The shared rotation matrix of the model's own cos/sin caches (initializers, never

@@ -1,5 +1,6 @@
 """GroupQueryAttention's attention as onnxruntime 1.32's CPU kernel computes it, bit for
-bit (float32, the numpy backend, where MLAS takes its FMA3 / AVX2 kernels: `mlas_isa`).
+bit (float32, the numpy backend, on x86-64 CPUs whose MLAS kernels `mlas_isa.isa` names:
+FMA3 / AVX2, or AVX-512).
 
 onnxruntime's float32 GroupQueryAttention does not run a softmax over whole score rows:
 where the total length exceeds 1 and no softcap, smooth softmax, head sink or output_qk
@@ -28,13 +29,16 @@ its rounding, read from its source and confirmed against onnxruntime by probes
   in two fma steps (high and low parts), a degree-6 polynomial by fma steps, times
   2^m built in the exponent bits; the sum in 8 lanes (element i in lane i % 8, one
   accumulator, the tail's missing lanes zero), folded ((l4+l5)+(l6+l7)) +
-  ((l0+l1)+(l2+l3)). Masked (lowest) scores come out exactly 0.
+  ((l0+l1)+(l2+l3)). Masked (lowest) scores come out exactly 0. Where the CPU has
+  AVX-512F, MLAS takes that kernel instead: clamped at -103.97, times 2^m by
+  ``vscalefps`` (subnormal results kept), 16 lanes, lanes j and j + 8 added first.
+- the SGEMM steps K in panels (`stride_k`: 256 for P x V at head size 64, 128 at 128):
+  a panel's chain is added to what the panels before it left.
 
 Not reproduced (the callers keep their own forms there): flash decoding (a one-token
 step split over KV chunks when batch x heads < onnxruntime's thread count, e.g. one
 head and two threads), the non-flash path (softcap, smooth softmax, head sink,
-output_qk, a total length of 1: its result is V's row exactly, as here), float16,
-and MLAS's AVX-512 softmax (`mlas_isa.isa` is "avx512": another lane order).
+output_qk, a total length of 1: its result is V's row exactly, as here), float16.
 
 fma is computed as float64 (products of float32 values are exact there) and rounded
 to float32 once; a float64 sum that may have been double-rounded (it fell halfway
@@ -50,7 +54,7 @@ import functools
 
 import numpy as np
 
-from .mlas_isa import l2_cache_bytes
+from .mlas_isa import isa, l2_cache_bytes
 from .ort_float32 import _any_halfway, fma_chain, fma_step
 from .registry import numpy_any
 
@@ -63,6 +67,9 @@ _ZERO, _ONE = np.float32(0.0), np.float32(1.0)
 # MlasExpConstants (compute.cpp): the sum-exp kernel's clamp, rounding bias, log2
 # reciprocal, ln2 in two parts, the polynomial (poly_56 applied twice) and 1.0f's bits
 _LOWER_SUM_EXP = np.float32(-88.3762626647949)
+#: the AVX-512F kernel clamps at the exp kernel's lower range instead (its vscalefps
+#: makes subnormals down to the last one that rounds to nonzero)
+_LOWER_RANGE = np.float32(-103.9720840454)
 _ROUNDING_BIAS = np.float32(12582912.0)  # 1.5 * 2^23
 _LOG2_RECIPROCAL = np.float32(1.44269504088896341)
 _LOG2_HIGH = np.float32(-6.93145752e-1)
@@ -85,8 +92,12 @@ def _fma(a, b, c) -> np.ndarray:
 
 
 def _exp_steps(x: np.ndarray, fma) -> np.ndarray:
-    """MLAS's exp of `x` (already biased by -max), every fma through `fma`."""
-    x = np.maximum(x, _LOWER_SUM_EXP)
+    """MLAS's exp of `x` (already biased by -max), every fma through `fma`. The FMA3
+    kernel clamps x at -88.38 and multiplies by 2^m built in the exponent bits; the
+    AVX-512F one clamps at -103.97 and scales by ``vscalefps`` (times 2^m rounded once,
+    so subnormal results)."""
+    wide = isa() == "avx512"
+    x = np.maximum(x, _LOWER_RANGE if wide else _LOWER_SUM_EXP)
     biased = fma(x, _LOG2_RECIPROCAL, _ROUNDING_BIAS)
     m = biased - _ROUNDING_BIAS  # exact: the rounded multiple of 1
     x = fma(m, _LOG2_HIGH, x)
@@ -94,6 +105,8 @@ def _exp_steps(x: np.ndarray, fma) -> np.ndarray:
     p = fma(_POLY[0], x, _POLY[1])
     for c in _POLY[2:]:
         p = fma(p, x, c)
+    if wide:
+        return np.ldexp(p, m.astype(np.int32)).astype(F32, copy=False)
     scale = (np.left_shift(biased.view(np.int32), 23) + _ONE_BITS).view(F32)  # 2^m
     return np.multiply(p, scale, dtype=F32)
 
@@ -125,7 +138,8 @@ _EXP_FMAS = 3 + len(_POLY) - 1
 
 
 def sum_exp(scores: np.ndarray, negmax: np.ndarray) -> tuple:
-    """(exp(scores + negmax), their sums) as MLAS's FMA3 sum-exp kernel rounds them:
+    """(exp(scores + negmax), their sums) as MLAS's sum-exp kernel for this CPU (FMA3, or
+    AVX-512F where `mlas_isa.isa` says "avx512") rounds them:
     `scores` float32 (..., n), `negmax` (..., 1); the sums have shape (...)."""
     x = np.add(scores, negmax, dtype=F32)
     steps = _Fmas(_EXP_FMAS, x.shape)
@@ -136,17 +150,23 @@ def sum_exp(scores: np.ndarray, negmax: np.ndarray) -> tuple:
 
 
 def lane_sum(e: np.ndarray) -> np.ndarray:
-    """The sum over the last axis as MLAS's sum-exp kernel accumulates it: element i
-    into lane i % 8, each lane in order, then ((l4+l5)+(l6+l7)) + ((l0+l1)+(l2+l3))."""
+    """The sum over the last axis as MLAS's sum-exp kernel accumulates it. FMA3: element
+    i into lane i % 8, each lane in order, then ((l4+l5)+(l6+l7)) + ((l0+l1)+(l2+l3)).
+    AVX-512F: 16 lanes alike, lanes j and j + 8 added (t_j), then ((t0+t1)+(t2+t3)) +
+    ((t4+t5)+(t6+t7)) (``vhaddps`` twice and the two halves)."""
+    width = 16 if isa() == "avx512" else 8
     n = e.shape[-1]
-    chunks = -(-n // 8)
-    if chunks * 8 != n:
-        padded = np.zeros(e.shape[:-1] + (chunks * 8,), F32)
+    chunks = -(-n // width)
+    if chunks * width != n:
+        padded = np.zeros(e.shape[:-1] + (chunks * width,), F32)
         padded[..., :n] = e
         e = padded
-    lanes = e.reshape(e.shape[:-1] + (chunks, 8))
+    lanes = e.reshape(e.shape[:-1] + (chunks, width))
     # a reduction over an axis that is not the innermost one adds its slices in order
     acc = np.add.reduce(lanes, axis=-2)
+    if width == 16:
+        t = acc[..., 8:] + acc[..., :8]
+        return ((t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])) + ((t[..., 4] + t[..., 5]) + (t[..., 6] + t[..., 7]))
     low = (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
     high = (acc[..., 4] + acc[..., 5]) + (acc[..., 6] + acc[..., 7])
     return high + low
@@ -155,19 +175,40 @@ def lane_sum(e: np.ndarray) -> np.ndarray:
 # --- MLAS's SGEMM -----------------------------------------------------------------------
 
 
+#: MLAS's default SGEMM panel strides (``MLAS_SGEMM_STRIDEN`` / ``MLAS_SGEMM_STRIDEK``)
+_STRIDE_N = _STRIDE_K = 128
+
+
+def stride_k(n: int, k: int) -> int:
+    """The K panel ``MlasSgemmOperation`` steps through for an untransposed A: widened
+    where N is small, narrowed where K is (it trades the two strides)."""
+    stride_n, stride_k = _STRIDE_N, _STRIDE_K
+    if n >= k:
+        while stride_k // 2 >= k:
+            stride_n, stride_k = stride_n * 2, stride_k // 2
+    else:
+        while stride_n > 16 and stride_n // 2 >= n:
+            stride_n, stride_k = stride_n // 2, stride_k * 2
+    return stride_k
+
+
 def sgemm_fma(a: np.ndarray, b: np.ndarray, alpha: np.float32, c: np.ndarray | None = None) -> np.ndarray:
-    """``a @ b`` (..., M, K) x (..., K, N) as MLAS's FMA3 SGEMM kernel rounds it for
-    K <= 256 (one panel): per output one fma chain over k from 0, then times alpha; with
-    `c` (beta 1) the result is added to it, fl(acc * alpha + c)."""
+    """``a @ b`` (..., M, K) x (..., K, N) as MLAS's SGEMM kernels (FMA3 and AVX-512F
+    alike) round it: K in panels (`stride_k`), per output and panel one fma chain over
+    its k from 0, times alpha, added to what the earlier panels left (to `c` for beta 1),
+    fl(acc * alpha + c)."""
     shape = np.broadcast_shapes(a.shape[:-1] + (1,), b.shape[:-2] + (1, b.shape[-1]))
+    k_len = a.shape[-1]
+    panel = stride_k(b.shape[-1], k_len)
     steps_a = np.moveaxis(a, -1, 0)[..., None]  # [K, ..., M, 1]
     steps_b = np.moveaxis(b, -2, 0)[..., None, :]  # [K, ..., 1, N]
-    acc = fma_chain(steps_a, steps_b, np.zeros(shape, F32))
-    if alpha != _ONE:
-        acc = np.multiply(acc, alpha, dtype=F32)
-    if c is not None:
-        acc = np.add(acc, c, dtype=F32)
-    return acc
+    out = c
+    for k0 in range(0, k_len, panel):
+        acc = fma_chain(steps_a[k0:k0 + panel], steps_b[k0:k0 + panel], np.zeros(shape, F32))
+        if alpha != _ONE:
+            acc = np.multiply(acc, alpha, dtype=F32)
+        out = acc if out is None else np.add(acc, out, dtype=F32)
+    return out
 
 
 def sgemm_m1(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
