@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import workbench
 import workbench.models
 from workbench import Generator
-from workbench.ops import contrib_quant, nbits_int8
+from workbench.ops import contrib_quant, nbits_int8, nbits_int8_jit
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -194,16 +194,24 @@ def _int4_block32_weights(r, K, N, with_zp):
     return inits
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize(("K", "N", "with_zp", "M"), SMOLLM2_SHAPES)
-def test_int4_block32_is_onnxruntimes_result_bit_for_bit(K, N, with_zp, M):
+def test_int4_block32_is_onnxruntimes_result_bit_for_bit(K, N, with_zp, M, compiled, monkeypatch):
     """MLAS's blklen-32 arithmetic (unsigned weight integers; 16 fma lanes over groups of
     4 blocks, lanes L and L + 8 added, 8 lanes for the last k_blocks % 4 blocks, its two
     lane-folding orders; the zero points by a float32 fma chain over blocks): six runs,
     A refilled in place at one address, each 0 ulps from onnxruntime (2 threads, so the
-    columns are split between threads as in a decode)."""
+    columns are split between threads as in a decode). Both the kernel numba compiles
+    (`nbits_int8_jit`) and the numpy emulation."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     r = _rng("smollm2", K, N, with_zp, M)
     model = _nbits_model(K, N, 4, 32, 4, _int4_block32_weights(r, K, N, with_zp))
+    laid_out = []
+    prepare = nbits_int8_jit.prepare
+    monkeypatch.setattr(nbits_int8_jit, "prepare", lambda *args: laid_out.append(args[-1]) or prepare(*args))
     ours = workbench.InferenceSession(model)
+    if _mlas_avx512():
+        assert laid_out == (["avx512"] if compiled else [])
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     peer = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

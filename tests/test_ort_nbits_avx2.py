@@ -23,7 +23,7 @@ from test_quant_ops_ort import MS, OPSETS, REL_TOL  # noqa: E402
 from test_quant_ops_ort import rng_for as _rng  # noqa: E402
 
 import workbench
-from workbench.ops import mlas_isa, nbits_int8, nbits_int8_avx2
+from workbench.ops import mlas_isa, nbits_int8, nbits_int8_avx2, nbits_int8_jit
 
 EXACT = mlas_isa.isa() == "avx2"
 RUNS = 6
@@ -65,8 +65,11 @@ def _model(r, K, N, with_zp, with_bias):
     return helper.make_model(graph, opset_imports=OPSETS)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize(("K", "N", "with_zp", "M", "with_bias"), SHAPES)
-def test_int4_block32_is_onnxruntimes_avx2_result_bit_for_bit(K, N, with_zp, M, with_bias):
+def test_int4_block32_is_onnxruntimes_avx2_result_bit_for_bit(K, N, with_zp, M, with_bias, compiled, monkeypatch):
+    """Both the kernel numba compiles (`nbits_int8_jit`) and the numpy emulation."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     r = _rng("avx2", K, N, with_zp, M, with_bias)
     model = _model(r, K, N, with_zp, with_bias)
     ours = workbench.InferenceSession(model)
@@ -102,4 +105,5 @@ def test_the_avx2_layout_is_chosen_and_laid_out_once():
     assert nbits_int8.build_count - before == built == 1
     weights = nbits_int8.prepare(np, np.zeros((8, 2, 16), np.uint8), np.ones((8, 2), np.float32), None, N=8, K=64,
                                  bits=4, block_size=32, a_block=32)
-    assert isinstance(weights, nbits_int8_avx2.Avx2Blk32Weights)
+    assert isinstance(weights, (nbits_int8_avx2.Avx2Blk32Weights, nbits_int8_jit.JitBlk32Weights))
+    assert isinstance(weights, nbits_int8_jit.JitBlk32Weights) == nbits_int8_jit.available("avx2")

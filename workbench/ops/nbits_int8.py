@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mlas_isa, nbits_int8_avx2
+from . import mlas_isa, nbits_int8_avx2, nbits_int8_jit
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -134,7 +134,10 @@ def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, b
         zp = _unpack(xp, xp.asarray(zero_points).reshape(N, -1), bits)[:, :k_blocks].astype(np.int16)
     if bits == 4 and block_size == 32 and a_block == 32:
         scales32 = xp.asarray(scales).reshape(N, k_blocks).astype(F32)
-        if xp is np and mlas_isa.isa() == "avx2":  # MLAS's AVX2 kernels (`nbits_int8_avx2`)
+        isa = mlas_isa.isa() if xp is np else None
+        if isa in ("avx2", "avx512") and nbits_int8_jit.available(isa):  # MLAS's kernel, compiled
+            return nbits_int8_jit.prepare(q, scales32, zp, zero_points is not None, K, isa)
+        if isa == "avx2":  # MLAS's AVX2 kernels, emulated by numpy
             return nbits_int8_avx2.prepare(q, scales32, zp, zero_points is not None, K)
         return _prepare_blk32(xp, q, scales32, zp, K)
     ints = (q.astype(np.int16) - zp[:, :, None]).reshape(N, k_blocks * block_size)
@@ -184,6 +187,8 @@ def matmul(xp: Any, a: Any, w: Int8Weights | Blk32Weights, bias: Any = None) -> 
         return _matmul_blk32(xp, a, w, bias)
     if isinstance(w, nbits_int8_avx2.Avx2Blk32Weights):
         return nbits_int8_avx2.matmul(a, w, bias, quantize_rows)
+    if isinstance(w, nbits_int8_jit.JitBlk32Weights):
+        return nbits_int8_jit.matmul(a, w, bias)
     qa, sa = quantize_rows(xp, a, w.block, w.ints.shape[0])
     dots = xp.matmul(qa, w.ints)  # [blocks, M, N], exact integers
     dots *= sa * w.scales[:, None, :]  # each block's scale_a * scale_b, rounded once as MLAS does

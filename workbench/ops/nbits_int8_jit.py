@@ -1,0 +1,388 @@
+"""MatMulNBits' int8 compute (accuracy_level 4) for 4-bit weights in blocks of 32, MLAS's
+x86-64 kernels compiled by numba where it is installed: the same float32 arithmetic as
+the numpy emulations, bit for bit, at a fraction of their cost.
+
+numpy has no fma and no int8 products, so `nbits_int8` (MLAS's AVX-512 kernel) and
+`nbits_int8_avx2` (its AVX2 kernels) stream the weights' integers as float32 (4 bytes
+a weight) and emulate each fma with float64 passes: SmolLM2-135M's int4 export took
+~140 ms a token there against onnxruntime's ~6. Here the weights' integers are int8,
+each output column's float32 lanes stay in cache, and every ``lane = fma(dot,
+fl(scale_a * scale_b), lane)`` is one hardware fma: numba compiles with LLVM's
+``contract`` flag only (no reassociation), so ``x * y + z`` becomes ``fma(x, y, z)``
+on the CPUs these kernels are taken on (x86-64 with FMA3), and `available` checks
+each form once against its numpy emulation before it is used.
+
+Two forms, named by the MLAS kernel they are (`mlas_isa.isa`):
+
+- ``"avx2"``: `nbits_int8_avx2`'s docstring (8 lanes fed per pair of blocks, the
+  one-row and several-row kernels, the BlkSum correction after the bias);
+- ``"avx512"``: `nbits_int8`'s (unsigned weights, 16 lanes per group of 4 blocks,
+  lanes j and j + 8 added, the last blocks by quads, the zero points last).
+
+A is quantized per block as `nbits_int8.quantize_rows` does. The integer dots are exact
+in float32 (|dot| < 2^14), so summing them in any order is the same value.
+`WORKBENCH_NUMBA=0` turns this off (the numpy emulations are taken): tests run both.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import os
+import threading
+import warnings
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+#: output columns a kernel call's inner loops work on at a time (its lanes: 8 x _C float32)
+_C = 64
+_BLOCK = 32
+#: MLAS's row chunk (``MlasQNBitGemmBatch``'s StrideM): a chunk of one row takes the M = 1 kernel
+_STRIDE_M = 128
+_OFF = frozenset({"0", "false", "no", "off"})
+#: weights (N x K) from which a call splits its columns between two threads
+_SPLIT_WEIGHTS = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class JitBlk32Weights:
+    """A 4-bit, block-32 weight for the compiled kernel of `form`: ``ints[c, k, j]`` is
+    the integer of input k and output column ``c * 64 + j`` as that kernel takes it
+    (int8; ``q - zp`` for "avx2", ``q`` for "avx512"; zero past N and past K); per
+    block ``scales``, ``zero_points`` and ``blk_sums = fl(-scale * zp)`` as float32
+    ``[chunks, blocks, 64]``."""
+
+    form: str
+    ints: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    blk_sums: np.ndarray
+    has_zero_points: bool
+    N: int
+    K: int
+    blocks: int
+
+
+def prepare(q: np.ndarray, scales: np.ndarray, zp: np.ndarray, has_zero_points: bool, K: int,
+            form: str) -> JitBlk32Weights:
+    """The layout from the unpacked weights ``q [N, blocks, 32]`` (0..15), ``scales
+    [N, blocks]`` (float32) and zero points ``zp [N, blocks]`` (8 where none given)."""
+    n, blocks, block = q.shape
+    chunks = -(-n // _C)
+    padded = chunks * _C
+    taken = np.zeros((padded, blocks * block), np.int8)
+    if form == "avx2":
+        taken[:n] = (q.astype(np.int8) - zp.astype(np.int8)[:, :, None]).reshape(n, -1)
+    else:
+        taken[:n] = q.reshape(n, -1)
+    taken[:, K:] = 0  # past K: A's zero padding times anything, kept exactly zero
+    ints = np.ascontiguousarray(taken.reshape(chunks, _C, blocks * block).transpose(0, 2, 1))
+
+    def per_block(x: np.ndarray) -> np.ndarray:  # [chunks, blocks, 64]: a chunk's values side by side
+        out = np.zeros((padded, blocks), F32)
+        out[:n] = x
+        return np.ascontiguousarray(out.reshape(chunks, _C, blocks).transpose(0, 2, 1))
+
+    scales_t = per_block(scales.astype(F32))
+    zp_t = per_block(zp.astype(F32))
+    return JitBlk32Weights(form, ints, scales_t, zp_t, (-(scales_t * zp_t)).astype(F32), has_zero_points, n, K, blocks)
+
+
+def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.ndarray:
+    """``A [M, K] @ W^T (+ bias)`` as MLAS's AVX2 CompInt8 blklen-32 kernels (float32 [M, N])."""
+    kernel = _kernels()
+    m = a.shape[0]
+    a = np.ascontiguousarray(a, F32)
+    qa = np.empty((m, w.blocks * _BLOCK), F32)
+    sa = np.empty((m, w.blocks), F32)
+    asum = np.empty((m, w.blocks), F32)
+    kernel.quantize(a, qa, sa, asum)
+    has_bias = bias is not None
+    padded = w.ints.shape[0] * _C
+    b = np.zeros(padded if has_bias else _C, F32)  # read in whole chunks; unread without a bias
+    if has_bias:
+        b[:w.N] = bias.reshape(-1)
+    y = np.empty((m, padded), F32)
+    if w.form == "avx2":
+        # MLAS computes rows in chunks of 128; a chunk of one row takes its M = 1 kernel
+        alone = m % _STRIDE_M == 1
+        columns = kernel.columns_avx2
+        args = (qa, sa, asum, alone, w.ints, w.scales, w.zero_points, w.blk_sums, b, has_bias, w.has_zero_points,
+                w.N, y)
+    else:
+        columns = kernel.columns_avx512
+        args = (qa, sa, asum, w.ints, w.scales, w.blk_sums, b, has_bias, w.N, y)
+    chunks = w.ints.shape[0]
+    if w.N * w.K * m >= _SPLIT_WEIGHTS and chunks > 1 and _threads() > 1:
+        half = chunks // 2
+        other = _pool().submit(columns, *args, half, chunks)
+        columns(*args, 0, half)
+        other.result()
+    else:
+        columns(*args, 0, chunks)
+    return y[:, :w.N]
+
+
+@functools.cache
+def _threads() -> int:
+    return min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+_pool_lock = threading.Lock()
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    with _pool_lock:
+        return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="workbench-int4")
+
+
+def available(form: str) -> bool:
+    """Whether the compiled kernel of `form` is taken: numba importable, not turned off
+    by ``WORKBENCH_NUMBA=0``, and found bit for bit its numpy emulation on small cases
+    (every row kind, odd and partial block groups, a one-column fold) once per process."""
+    return os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() not in _OFF and _self_checked(form)
+
+
+@functools.cache
+def _self_checked(form: str) -> bool:
+    try:
+        _kernels()
+    except ImportError:  # numba not installed (e.g. a GPU image): the numpy emulation
+        return False
+    r = np.random.default_rng(7)
+    for k, n in ((96, 70), (232, 9)):
+        blocks = -(-k // _BLOCK)
+        for has_zp in (False, True):
+            q = r.integers(0, 16, (n, blocks, _BLOCK)).astype(np.uint8)
+            scales = (r.random((n, blocks)) * 0.05 + 0.005).astype(F32)
+            zp = r.integers(0, 16, (n, blocks)).astype(np.int16) if has_zp else np.full((n, blocks), 8, np.int16)
+            bias = r.standard_normal(n).astype(F32)
+            jit = prepare(q, scales, zp, has_zp, k, form)
+            for m in (1, 3):
+                a = (r.standard_normal((m, k)) * 3).astype(F32)
+                want = emulated(a, q, scales, zp, has_zp, k, form, bias)
+                if not np.array_equal(matmul(a, jit, bias).view(np.int32), want.view(np.int32)):
+                    # e.g. a CPU without FMA3, where LLVM cannot contract x * y + z
+                    warnings.warn(f"numba's {form} MatMulNBits kernel differs from its numpy emulation on this "
+                                  "machine; the emulation is taken (same values, slower)", RuntimeWarning,
+                                  stacklevel=2)
+                    return False
+    return True
+
+
+def emulated(a: np.ndarray, q: np.ndarray, scales: np.ndarray, zp: np.ndarray, has_zero_points: bool, K: int,
+             form: str, bias: np.ndarray | None) -> np.ndarray:
+    """The numpy emulation of `form`'s kernel on the same weights (what `available` and
+    the tests hold the compiled kernels to)."""
+    from . import nbits_int8, nbits_int8_avx2
+
+    if form == "avx2":
+        w = nbits_int8_avx2.prepare(q, scales, zp, has_zero_points, K)
+        return nbits_int8_avx2.matmul(a, w, bias, nbits_int8.quantize_rows)
+    return nbits_int8.matmul(np, a, nbits_int8._prepare_blk32(np, q, scales, zp, K), bias)
+
+
+@functools.cache
+def _kernels():
+    """The compiled kernels (numba imported and the functions jitted on first use).
+
+    Every inner loop runs over a chunk's 64 columns through 1-D views, so LLVM sees
+    contiguous, non-negative indices and vectorizes it (an index computed into a 2-D
+    array becomes a gather)."""
+    import numba
+
+    jit = functools.partial(numba.njit, nogil=True, cache=True, fastmath={"contract"})
+    inline = functools.partial(jit, inline="always")
+    f32 = np.float32
+    zero = f32(0.0)
+
+    @jit
+    def quantize(a, qa, sa, asum):
+        """A per block of 32, zero padded: ``scale = max|a| / 127``, ``q = rint(a * (127 / max|a|))``."""
+        m, k = a.shape
+        blocks = sa.shape[1]
+        for r in range(m):
+            for b in range(blocks):
+                k0 = b * 32
+                amax = zero
+                for j in range(32):
+                    if k0 + j < k:
+                        amax = max(amax, abs(a[r, k0 + j]))
+                inv = f32(127.0) / amax if amax != zero else f32(1.0)
+                total = zero
+                for j in range(32):
+                    v = np.rint(a[r, k0 + j] * inv) if k0 + j < k else zero
+                    qa[r, k0 + j] = v
+                    total += v
+                sa[r, b] = amax / f32(127.0)
+                asum[r, b] = sa[r, b] * total
+
+    @inline
+    def lane_fma8(lane, w, k0, k4, a, s_a, sc):
+        """``lane = fma(dot, s_a * sc, lane)`` per column, the dot of the 4 products from
+        row k0 and the 4 from row k4 on (a: their 8 integers)."""
+        a0, a1, a2, a3, a4, a5, a6, a7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
+        w4, w5, w6, w7 = w[k4], w[k4 + 1], w[k4 + 2], w[k4 + 3]
+        for j in range(64):
+            dot = (a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
+                   + a4 * f32(w4[j]) + a5 * f32(w5[j]) + a6 * f32(w6[j]) + a7 * f32(w7[j]))
+            lane[j] = dot * (s_a * sc[j]) + lane[j]
+
+    @inline
+    def lane_fma8_zp(lane, w, k0, a, s_a, sc, zp, lane_sum):
+        """`lane_fma8` of the 8 products from row k0 on, the dot taken unsigned: plus
+        ``zp * lane_sum``."""
+        a0, a1, a2, a3, a4, a5, a6, a7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
+        w4, w5, w6, w7 = w[k0 + 4], w[k0 + 5], w[k0 + 6], w[k0 + 7]
+        for j in range(64):
+            dot = (a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
+                   + a4 * f32(w4[j]) + a5 * f32(w5[j]) + a6 * f32(w6[j]) + a7 * f32(w7[j]))
+            dot = dot + zp[j] * lane_sum
+            lane[j] = dot * (s_a * sc[j]) + lane[j]
+
+    @inline
+    def lane_fma4(lane, w, k0, a0, a1, a2, a3, s_a, sc, zp, quad_sum):
+        """`lane_fma8` for the 4 products from row k0 on."""
+        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
+        for j in range(64):
+            dot = a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
+            dot = dot + zp[j] * quad_sum
+            lane[j] = dot * (s_a * sc[j]) + lane[j]
+
+    @inline
+    def fold(x, v, col0, single_from):
+        """MLAS's sum of 8 lanes per column; the columns from `single_from` on (N % 4 of
+        them, its one-column kernel) in another order."""
+        split = min(max(single_from - col0, 0), 64)
+        x0, x1, x2, x3, x4, x5, x6, x7 = x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
+        for j in range(split):
+            v[j] = (((x0[j] + x1[j]) + x2[j]) + x3[j]) + (((x4[j] + x5[j]) + x6[j]) + x7[j])
+        for j in range(split, 64):
+            v[j] = ((x4[j] + x0[j]) + (x6[j] + x2[j])) + ((x5[j] + x1[j]) + (x7[j] + x3[j]))
+
+    @inline
+    def finish(v, out, bias, has_bias, chain_from, asum_r, blk_sums, chain):
+        """out = v (+ bias) (+ MLAS's BlkSum SGEMM: fma over blocks from 0, added last);
+        out, bias: the chunk's 64 columns."""
+        if has_bias:
+            for j in range(64):
+                v[j] = v[j] + bias[j]
+        if chain_from:
+            chain[:] = zero
+            for b in range(asum_r.shape[0]):
+                s = asum_r[b]
+                bs = blk_sums[b]
+                for j in range(64):
+                    chain[j] = s * bs[j] + chain[j]
+            for j in range(64):
+                v[j] = chain[j] + v[j]
+        for j in range(64):
+            out[j] = v[j]
+
+    @jit
+    def columns_avx2(qa, sa, asum, alone_last, ints, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
+                     c_first, c_stop):
+        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX2 kernels."""
+        m = qa.shape[0]
+        blocks = sa.shape[1]
+        pairs = blocks // 2
+        single_from = n_total - n_total % 4
+        acc = np.empty((8, 64), f32)
+        v = np.empty(64, f32)
+        chain = np.empty(64, f32)
+        no_zp = np.zeros(64, f32)
+        a = np.empty(8, f32)
+        for c in range(c_first, c_stop):
+            w, sc_c, zp_c = ints[c], scales[c], zps[c]
+            col0 = c * 64
+            for r in range(m):
+                q = qa[r]
+                alone = alone_last and r == m - 1
+                fused = not alone  # several rows: unsigned weights (the zero point added back)
+                acc[:] = zero
+                if alone and has_zp:  # the M = 1 kernel with zero points: block by block
+                    for b in range(blocks):
+                        for lane in range(8):
+                            k0 = b * 32 + 4 * lane
+                            lane_fma4(acc[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
+                                      no_zp, zero)
+                else:  # blocks in pairs (lane L: 8 products from start[L]), then an odd last block by quads
+                    for p in range(pairs):
+                        for lane in range(8):
+                            # MLAS's lanes 0, 1, 4, 5: elements 0-7, 8-15, 16-23, 24-31 of the
+                            # pair's first block; 2, 3, 6, 7 the same of its second
+                            second = (lane // 2) % 2
+                            k0 = p * 64 + 32 * second + 16 * (lane // 4) + 8 * (lane % 2)
+                            b = 2 * p + second
+                            for i in range(8):
+                                a[i] = q[k0 + i]
+                            lane_sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+                            if fused:
+                                lane_fma8_zp(acc[lane], w, k0, a, sa[r, b], sc_c[b], zp_c[b], lane_sum)
+                            else:
+                                lane_fma8(acc[lane], w, k0, k0 + 4, a, sa[r, b], sc_c[b])
+                    if blocks % 2:
+                        b = blocks - 1
+                        for lane in range(8):
+                            k0 = b * 32 + 4 * lane
+                            a0, a1, a2, a3 = q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]
+                            quad_sum = (a0 + a1) + (a2 + a3) if fused else zero
+                            lane_fma4(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b],
+                                      zp_c[b] if fused else no_zp, quad_sum)
+                fold(acc, v, col0, single_from)
+                finish(v, y[r, col0:col0 + 64], bias[col0:col0 + 64], has_bias, fused, asum[r], blk_sums[c], chain)
+
+    @jit
+    def columns_avx512(qa, sa, asum, ints, scales, blk_sums, bias, has_bias, n_total, y, c_first, c_stop):
+        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX-512 kernel."""
+        m = qa.shape[0]
+        blocks = sa.shape[1]
+        groups = blocks // 4
+        single_from = n_total - n_total % 4
+        acc = np.empty((16, 64), f32)
+        x = np.empty((8, 64), f32)
+        v = np.empty(64, f32)
+        chain = np.empty(64, f32)
+        no_zp = np.zeros(64, f32)
+        a = np.empty(8, f32)
+        for c in range(c_first, c_stop):
+            w, sc_c = ints[c], scales[c]
+            col0 = c * 64
+            for r in range(m):
+                q = qa[r]
+                acc[:] = zero
+                for g in range(groups):
+                    for lane in range(16):
+                        # lane 4c + p: products base + 0..3 and base + 8..11 of the group's 128
+                        offset = 64 * ((lane % 4) // 2) + 16 * (lane // 4) + 4 * (lane % 2)
+                        k0 = g * 128 + offset
+                        b = g * 4 + offset // 32
+                        for i in range(4):
+                            a[i] = q[k0 + i]
+                            a[4 + i] = q[k0 + 8 + i]
+                        lane_fma8(acc[lane], w, k0, k0 + 8, a, sa[r, b], sc_c[b])
+                for lane in range(8):
+                    low, high, out = acc[lane], acc[lane + 8], x[lane]
+                    for j in range(64):
+                        out[j] = low[j] + high[j]
+                for b in range(groups * 4, blocks):  # the last blocks, lane j their elements 4j..4j+3
+                    for lane in range(8):
+                        k0 = b * 32 + 4 * lane
+                        lane_fma4(x[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
+                                  no_zp, zero)
+                fold(x, v, col0, single_from)
+                finish(v, y[r, col0:col0 + 64], bias[col0:col0 + 64], has_bias, True, asum[r], blk_sums[c], chain)
+
+    return _Kernels(quantize, columns_avx2, columns_avx512)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernels:
+    quantize: object
+    columns_avx2: object
+    columns_avx512: object
