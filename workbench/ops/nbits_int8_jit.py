@@ -36,26 +36,26 @@ import warnings
 import numpy as np
 
 F32 = np.dtype(np.float32)
-#: output columns a kernel call's inner loops work on at a time (its lanes: 8 x _C float32)
-_C = 64
+#: the chunk widths a weight's columns may be cut in (`_chunk_width`)
+_WIDTHS = (256, 192, 128, 64)
 _BLOCK = 32
 #: MLAS's row chunk (``MlasQNBitGemmBatch``'s StrideM): a chunk of one row takes the M = 1 kernel
 _STRIDE_M = 128
 _OFF = frozenset({"0", "false", "no", "off"})
 #: weights (N x K) from which a call splits its columns between two threads
-_SPLIT_WEIGHTS = 1 << 20
+_SPLIT_WEIGHTS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
 class JitBlk32Weights:
-    """A 4-bit, block-32 weight for the compiled kernel of `form`: ``ints[c, k, j]`` is
-    the integer of input k and output column ``c * 64 + j`` as that kernel takes it
-    (int8; ``q - zp`` for "avx2", ``q`` for "avx512"; zero past N and past K); per
-    block ``scales``, ``zero_points`` and ``blk_sums = fl(-scale * zp)`` as float32
-    ``[chunks, blocks, 64]``."""
+    """A 4-bit, block-32 weight for the compiled kernel of `form`, in chunks of `width`
+    output columns: ``nibbles[c, i, j]`` holds the unsigned integers q (0..15) of inputs
+    2i (low 4 bits) and 2i + 1 (high) of column ``c * width + j`` (zero past N and past
+    K: onnxruntime's bytes, column-interleaved); per block ``scales``, ``zero_points``
+    and ``blk_sums = fl(-scale * zp)`` as float32 ``[chunks, blocks, width]``."""
 
     form: str
-    ints: np.ndarray
+    nibbles: np.ndarray
     scales: np.ndarray
     zero_points: np.ndarray
     blk_sums: np.ndarray
@@ -65,29 +65,37 @@ class JitBlk32Weights:
     blocks: int
 
 
+def _chunk_width(n: int) -> int:
+    """Columns per chunk: the widest of 256, 192, 128, 64 that pads N by least (long inner
+    loops pay the per-lane set-up less often; SmolLM2's 576 / 960 / 3072 / 49152 are
+    multiples of 192)."""
+    return min(_WIDTHS, key=lambda c: (-(-n // c) * c - n, -c))
+
+
 def prepare(q: np.ndarray, scales: np.ndarray, zp: np.ndarray, has_zero_points: bool, K: int,
             form: str) -> JitBlk32Weights:
     """The layout from the unpacked weights ``q [N, blocks, 32]`` (0..15), ``scales
     [N, blocks]`` (float32) and zero points ``zp [N, blocks]`` (8 where none given)."""
     n, blocks, block = q.shape
-    chunks = -(-n // _C)
-    padded = chunks * _C
-    taken = np.zeros((padded, blocks * block), np.int8)
-    if form == "avx2":
-        taken[:n] = (q.astype(np.int8) - zp.astype(np.int8)[:, :, None]).reshape(n, -1)
-    else:
-        taken[:n] = q.reshape(n, -1)
+    width = _chunk_width(n)
+    chunks = -(-n // width)
+    padded = chunks * width
+    taken = np.zeros((padded, blocks * block), np.uint8)
+    taken[:n] = q.reshape(n, -1)
     taken[:, K:] = 0  # past K: A's zero padding times anything, kept exactly zero
-    ints = np.ascontiguousarray(taken.reshape(chunks, _C, blocks * block).transpose(0, 2, 1))
+    pairs = taken.reshape(padded, -1, 2)  # inputs 2i and 2i + 1 share a byte: 4 bits each
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+    nibbles = np.ascontiguousarray(packed.reshape(chunks, width, -1).transpose(0, 2, 1))
 
-    def per_block(x: np.ndarray) -> np.ndarray:  # [chunks, blocks, 64]: a chunk's values side by side
+    def per_block(x: np.ndarray) -> np.ndarray:  # [chunks, blocks, width]: a chunk's values side by side
         out = np.zeros((padded, blocks), F32)
         out[:n] = x
-        return np.ascontiguousarray(out.reshape(chunks, _C, blocks).transpose(0, 2, 1))
+        return np.ascontiguousarray(out.reshape(chunks, width, blocks).transpose(0, 2, 1))
 
     scales_t = per_block(scales.astype(F32))
     zp_t = per_block(zp.astype(F32))
-    return JitBlk32Weights(form, ints, scales_t, zp_t, (-(scales_t * zp_t)).astype(F32), has_zero_points, n, K, blocks)
+    return JitBlk32Weights(form, nibbles, scales_t, zp_t, (-(scales_t * zp_t)).astype(F32), has_zero_points, n, K,
+                           blocks)
 
 
 def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.ndarray:
@@ -100,8 +108,9 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
     asum = np.empty((m, w.blocks), F32)
     kernel.quantize(a, qa, sa, asum)
     has_bias = bias is not None
-    padded = w.ints.shape[0] * _C
-    b = np.zeros(padded if has_bias else _C, F32)  # read in whole chunks; unread without a bias
+    chunks, _, width = w.nibbles.shape
+    padded = chunks * width
+    b = np.zeros(padded if has_bias else width, F32)  # read in whole chunks; unread without a bias
     if has_bias:
         b[:w.N] = bias.reshape(-1)
     y = np.empty((m, padded), F32)
@@ -109,12 +118,11 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
         # MLAS computes rows in chunks of 128; a chunk of one row takes its M = 1 kernel
         alone = m % _STRIDE_M == 1
         columns = kernel.columns_avx2
-        args = (qa, sa, asum, alone, w.ints, w.scales, w.zero_points, w.blk_sums, b, has_bias, w.has_zero_points,
+        args = (qa, sa, asum, alone, w.nibbles, w.scales, w.zero_points, w.blk_sums, b, has_bias, w.has_zero_points,
                 w.N, y)
     else:
         columns = kernel.columns_avx512
-        args = (qa, sa, asum, w.ints, w.scales, w.blk_sums, b, has_bias, w.N, y)
-    chunks = w.ints.shape[0]
+        args = (qa, sa, asum, w.nibbles, w.scales, w.blk_sums, b, has_bias, w.N, y)
     if w.N * w.K * m >= _SPLIT_WEIGHTS and chunks > 1 and _threads() > 1:
         half = chunks // 2
         other = _pool().submit(columns, *args, half, chunks)
@@ -198,6 +206,7 @@ def _kernels():
     inline = functools.partial(jit, inline="always")
     f32 = np.float32
     zero = f32(0.0)
+    sixteen, sixteenth = f32(16.0), f32(0.0625)
 
     @jit
     def quantize(a, qa, sa, asum):
@@ -221,97 +230,97 @@ def _kernels():
                 asum[r, b] = sa[r, b] * total
 
     @inline
-    def lane_fma8(lane, w, k0, k4, a, s_a, sc):
-        """``lane = fma(dot, s_a * sc, lane)`` per column, the dot of the 4 products from
-        row k0 and the 4 from row k4 on (a: their 8 integers)."""
-        a0, a1, a2, a3, a4, a5, a6, a7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
-        w4, w5, w6, w7 = w[k4], w[k4 + 1], w[k4 + 2], w[k4 + 3]
-        for j in range(64):
-            dot = (a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
-                   + a4 * f32(w4[j]) + a5 * f32(w5[j]) + a6 * f32(w6[j]) + a7 * f32(w7[j]))
+    def lane_fma(lane, w, k0, k4, a, s_a, sc, zp, lane_sum):
+        """``lane = fma(dot - zp * lane_sum, s_a * sc, lane)`` per column: the dot of
+        A's 8 integers `a` with the unsigned weights of inputs k0..k0+3 and k4..k4+3
+        (both even: byte rows k0 / 2, k0 / 2 + 1, k4 / 2, k4 / 2 + 1).
+
+        A byte b holds lo + 16 hi; with h = floor(b / 16) (exact in float32),
+        ``x lo + y hi = x b + (y - 16 x) h``: two products a byte, no integer unpacking
+        (which LLVM does not vectorize here), every term an exact integer."""
+        a0, a2, a4, a6 = a[0], a[2], a[4], a[6]
+        c0, c2, c4, c6 = a[1] - sixteen * a0, a[3] - sixteen * a2, a[5] - sixteen * a4, a[7] - sixteen * a6
+        r0, r1, r2, r3 = w[k0 // 2], w[k0 // 2 + 1], w[k4 // 2], w[k4 // 2 + 1]
+        for j in range(lane.shape[0]):
+            b0, b1, b2, b3 = f32(r0[j]), f32(r1[j]), f32(r2[j]), f32(r3[j])
+            dot = (a0 * b0 + c0 * np.floor(b0 * sixteenth) + a2 * b1 + c2 * np.floor(b1 * sixteenth)
+                   + a4 * b2 + c4 * np.floor(b2 * sixteenth) + a6 * b3 + c6 * np.floor(b3 * sixteenth))
+            dot = dot - zp[j] * lane_sum
             lane[j] = dot * (s_a * sc[j]) + lane[j]
 
     @inline
-    def lane_fma8_zp(lane, w, k0, a, s_a, sc, zp, lane_sum):
-        """`lane_fma8` of the 8 products from row k0 on, the dot taken unsigned: plus
-        ``zp * lane_sum``."""
-        a0, a1, a2, a3, a4, a5, a6, a7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
-        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
-        w4, w5, w6, w7 = w[k0 + 4], w[k0 + 5], w[k0 + 6], w[k0 + 7]
-        for j in range(64):
-            dot = (a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
-                   + a4 * f32(w4[j]) + a5 * f32(w5[j]) + a6 * f32(w6[j]) + a7 * f32(w7[j]))
-            dot = dot + zp[j] * lane_sum
-            lane[j] = dot * (s_a * sc[j]) + lane[j]
-
-    @inline
-    def lane_fma4(lane, w, k0, a0, a1, a2, a3, s_a, sc, zp, quad_sum):
-        """`lane_fma8` for the 4 products from row k0 on."""
-        w0, w1, w2, w3 = w[k0], w[k0 + 1], w[k0 + 2], w[k0 + 3]
-        for j in range(64):
-            dot = a0 * f32(w0[j]) + a1 * f32(w1[j]) + a2 * f32(w2[j]) + a3 * f32(w3[j])
-            dot = dot + zp[j] * quad_sum
+    def quad_fma(lane, w, k0, a0, a1, a2, a3, s_a, sc, zp, quad_sum):
+        """`lane_fma` for the 4 inputs k0..k0+3 only."""
+        c0, c2 = a1 - sixteen * a0, a3 - sixteen * a2
+        r0, r1 = w[k0 // 2], w[k0 // 2 + 1]
+        for j in range(lane.shape[0]):
+            b0, b1 = f32(r0[j]), f32(r1[j])
+            dot = a0 * b0 + c0 * np.floor(b0 * sixteenth) + a2 * b1 + c2 * np.floor(b1 * sixteenth)
+            dot = dot - zp[j] * quad_sum
             lane[j] = dot * (s_a * sc[j]) + lane[j]
 
     @inline
     def fold(x, v, col0, single_from):
         """MLAS's sum of 8 lanes per column; the columns from `single_from` on (N % 4 of
         them, its one-column kernel) in another order."""
-        split = min(max(single_from - col0, 0), 64)
+        width = v.shape[0]
+        split = min(max(single_from - col0, 0), width)
         x0, x1, x2, x3, x4, x5, x6, x7 = x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
         for j in range(split):
             v[j] = (((x0[j] + x1[j]) + x2[j]) + x3[j]) + (((x4[j] + x5[j]) + x6[j]) + x7[j])
-        for j in range(split, 64):
+        for j in range(split, width):
             v[j] = ((x4[j] + x0[j]) + (x6[j] + x2[j])) + ((x5[j] + x1[j]) + (x7[j] + x3[j]))
 
     @inline
-    def finish(v, out, bias, has_bias, chain_from, asum_r, blk_sums, chain):
+    def finish(v, out, bias, has_bias, with_chain, asum_r, blk_sums, chain):
         """out = v (+ bias) (+ MLAS's BlkSum SGEMM: fma over blocks from 0, added last);
-        out, bias: the chunk's 64 columns."""
+        out, bias: the chunk's columns."""
+        width = v.shape[0]
         if has_bias:
-            for j in range(64):
+            for j in range(width):
                 v[j] = v[j] + bias[j]
-        if chain_from:
+        if with_chain:
             chain[:] = zero
             for b in range(asum_r.shape[0]):
                 s = asum_r[b]
                 bs = blk_sums[b]
-                for j in range(64):
+                for j in range(width):
                     chain[j] = s * bs[j] + chain[j]
-            for j in range(64):
+            for j in range(width):
                 v[j] = chain[j] + v[j]
-        for j in range(64):
+        for j in range(width):
             out[j] = v[j]
 
     @jit
-    def columns_avx2(qa, sa, asum, alone_last, ints, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
+    def columns_avx2(qa, sa, asum, alone_last, nibbles, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
                      c_first, c_stop):
-        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX2 kernels."""
+        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX2 kernels.
+        Several rows take the weights unsigned; a row alone (its M = 1 kernel) signed,
+        ``q - zp``: the unsigned dot less zp times A's sum over the lane (exact)."""
         m = qa.shape[0]
         blocks = sa.shape[1]
         pairs = blocks // 2
+        width = nibbles.shape[2]
         single_from = n_total - n_total % 4
-        acc = np.empty((8, 64), f32)
-        v = np.empty(64, f32)
-        chain = np.empty(64, f32)
-        no_zp = np.zeros(64, f32)
+        acc = np.empty((8, width), f32)
+        v = np.empty(width, f32)
+        chain = np.empty(width, f32)
         a = np.empty(8, f32)
         for c in range(c_first, c_stop):
-            w, sc_c, zp_c = ints[c], scales[c], zps[c]
-            col0 = c * 64
+            w, sc_c, zp_c = nibbles[c], scales[c], zps[c]
+            col0 = c * width
             for r in range(m):
                 q = qa[r]
                 alone = alone_last and r == m - 1
-                fused = not alone  # several rows: unsigned weights (the zero point added back)
                 acc[:] = zero
                 if alone and has_zp:  # the M = 1 kernel with zero points: block by block
                     for b in range(blocks):
                         for lane in range(8):
                             k0 = b * 32 + 4 * lane
-                            lane_fma4(acc[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
-                                      no_zp, zero)
-                else:  # blocks in pairs (lane L: 8 products from start[L]), then an odd last block by quads
+                            a0, a1, a2, a3 = q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]
+                            quad_fma(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b], zp_c[b],
+                                     (a0 + a1) + (a2 + a3))
+                else:  # blocks in pairs (MLAS's lane L: 8 inputs on), then an odd last block by quads
                     for p in range(pairs):
                         for lane in range(8):
                             # MLAS's lanes 0, 1, 4, 5: elements 0-7, 8-15, 16-23, 24-31 of the
@@ -321,38 +330,38 @@ def _kernels():
                             b = 2 * p + second
                             for i in range(8):
                                 a[i] = q[k0 + i]
-                            lane_sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-                            if fused:
-                                lane_fma8_zp(acc[lane], w, k0, a, sa[r, b], sc_c[b], zp_c[b], lane_sum)
-                            else:
-                                lane_fma8(acc[lane], w, k0, k0 + 4, a, sa[r, b], sc_c[b])
+                            lane_sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) \
+                                if alone else zero
+                            lane_fma(acc[lane], w, k0, k0 + 4, a, sa[r, b], sc_c[b], zp_c[b], lane_sum)
                     if blocks % 2:
                         b = blocks - 1
                         for lane in range(8):
                             k0 = b * 32 + 4 * lane
                             a0, a1, a2, a3 = q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]
-                            quad_sum = (a0 + a1) + (a2 + a3) if fused else zero
-                            lane_fma4(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b],
-                                      zp_c[b] if fused else no_zp, quad_sum)
+                            quad_sum = (a0 + a1) + (a2 + a3) if alone else zero
+                            quad_fma(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b], zp_c[b], quad_sum)
                 fold(acc, v, col0, single_from)
-                finish(v, y[r, col0:col0 + 64], bias[col0:col0 + 64], has_bias, fused, asum[r], blk_sums[c], chain)
+                finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, not alone, asum[r],
+                       blk_sums[c], chain)
 
     @jit
-    def columns_avx512(qa, sa, asum, ints, scales, blk_sums, bias, has_bias, n_total, y, c_first, c_stop):
-        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX-512 kernel."""
+    def columns_avx512(qa, sa, asum, nibbles, scales, blk_sums, bias, has_bias, n_total, y, c_first, c_stop):
+        """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX-512 kernel
+        (unsigned weights)."""
         m = qa.shape[0]
         blocks = sa.shape[1]
         groups = blocks // 4
+        width = nibbles.shape[2]
         single_from = n_total - n_total % 4
-        acc = np.empty((16, 64), f32)
-        x = np.empty((8, 64), f32)
-        v = np.empty(64, f32)
-        chain = np.empty(64, f32)
-        no_zp = np.zeros(64, f32)
+        acc = np.empty((16, width), f32)
+        x = np.empty((8, width), f32)
+        v = np.empty(width, f32)
+        chain = np.empty(width, f32)
+        no_zp = np.zeros(width, f32)
         a = np.empty(8, f32)
         for c in range(c_first, c_stop):
-            w, sc_c = ints[c], scales[c]
-            col0 = c * 64
+            w, sc_c = nibbles[c], scales[c]
+            col0 = c * width
             for r in range(m):
                 q = qa[r]
                 acc[:] = zero
@@ -365,18 +374,19 @@ def _kernels():
                         for i in range(4):
                             a[i] = q[k0 + i]
                             a[4 + i] = q[k0 + 8 + i]
-                        lane_fma8(acc[lane], w, k0, k0 + 8, a, sa[r, b], sc_c[b])
+                        lane_fma(acc[lane], w, k0, k0 + 8, a, sa[r, b], sc_c[b], no_zp, zero)
                 for lane in range(8):
                     low, high, out = acc[lane], acc[lane + 8], x[lane]
-                    for j in range(64):
+                    for j in range(width):
                         out[j] = low[j] + high[j]
                 for b in range(groups * 4, blocks):  # the last blocks, lane j their elements 4j..4j+3
                     for lane in range(8):
                         k0 = b * 32 + 4 * lane
-                        lane_fma4(x[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
-                                  no_zp, zero)
+                        quad_fma(x[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
+                                 no_zp, zero)
                 fold(x, v, col0, single_from)
-                finish(v, y[r, col0:col0 + 64], bias[col0:col0 + 64], has_bias, True, asum[r], blk_sums[c], chain)
+                finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, True, asum[r], blk_sums[c],
+                       chain)
 
     return _Kernels(quantize, columns_avx2, columns_avx512)
 
