@@ -51,11 +51,13 @@ class JitBlk32Weights:
     """A 4-bit, block-32 weight for the compiled kernel of `form`, in chunks of `width`
     output columns: ``nibbles[c, i, j]`` holds the unsigned integers q (0..15) of inputs
     2i (low 4 bits) and 2i + 1 (high) of column ``c * width + j`` (zero past N and past
-    K: onnxruntime's bytes, column-interleaved); per block ``scales``, ``zero_points``
+    K: onnxruntime's bytes, column-interleaved), i being stored at ``row_of[i]`` (the
+    order the kernel reads them, `_visit_order`); per block ``scales``, ``zero_points``
     and ``blk_sums = fl(-scale * zp)`` as float32 ``[chunks, blocks, width]``."""
 
     form: str
     nibbles: np.ndarray
+    row_of: np.ndarray
     scales: np.ndarray
     zero_points: np.ndarray
     blk_sums: np.ndarray
@@ -85,7 +87,8 @@ def prepare(q: np.ndarray, scales: np.ndarray, zp: np.ndarray, has_zero_points: 
     taken[:, K:] = 0  # past K: A's zero padding times anything, kept exactly zero
     pairs = taken.reshape(padded, -1, 2)  # inputs 2i and 2i + 1 share a byte: 4 bits each
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
-    nibbles = np.ascontiguousarray(packed.reshape(chunks, width, -1).transpose(0, 2, 1))
+    order = _visit_order(blocks, form)
+    nibbles = np.ascontiguousarray(packed[:, order].reshape(chunks, width, -1).transpose(0, 2, 1))
 
     def per_block(x: np.ndarray) -> np.ndarray:  # [chunks, blocks, width]: a chunk's values side by side
         out = np.zeros((padded, blocks), F32)
@@ -94,8 +97,28 @@ def prepare(q: np.ndarray, scales: np.ndarray, zp: np.ndarray, has_zero_points: 
 
     scales_t = per_block(scales.astype(F32))
     zp_t = per_block(zp.astype(F32))
-    return JitBlk32Weights(form, nibbles, scales_t, zp_t, (-(scales_t * zp_t)).astype(F32), has_zero_points, n, K,
-                           blocks)
+    return JitBlk32Weights(form, nibbles, np.argsort(order).astype(np.int64), scales_t, zp_t,
+                           (-(scales_t * zp_t)).astype(F32), has_zero_points, n, K, blocks)
+
+
+def _visit_order(blocks: int, form: str) -> np.ndarray:
+    """The byte rows (two inputs each) in the order the kernel's lanes read them, so a
+    chunk streams through memory front to back: per pair of blocks (AVX2) or group of 4
+    (AVX-512), lane by lane, each lane's 4 byte rows; the blocks past them as they are."""
+    span = 2 if form == "avx2" else 4
+    rows = []
+    for first in range(0, blocks - blocks % span, span):
+        base = first * 32  # in inputs
+        for lane in range(4 * span):
+            if form == "avx2":  # MLAS's lane L: 8 inputs from 32 second + 16 (L // 4) + 8 (L % 2)
+                k0 = base + 32 * ((lane // 2) % 2) + 16 * (lane // 4) + 8 * (lane % 2)
+                k4 = k0 + 4
+            else:  # lane 4c + p: inputs base + 0..3 and base + 8..11, base = 64 (p // 2) + 16 c + 4 (p % 2)
+                k0 = base + 64 * ((lane % 4) // 2) + 16 * (lane // 4) + 4 * (lane % 2)
+                k4 = k0 + 8
+            rows += [k0 // 2, k0 // 2 + 1, k4 // 2, k4 // 2 + 1]
+    rows += range(len(rows), blocks * 16)
+    return np.array(rows, np.int64)
 
 
 def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.ndarray:
@@ -118,7 +141,7 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
         # MLAS computes rows in chunks of 128; a chunk of one row takes its M = 1 kernel
         alone = m % _STRIDE_M == 1
         columns = kernel.columns_avx2
-        args = (qa, sa, asum, alone, w.nibbles, w.scales, w.zero_points, w.blk_sums, b, has_bias, w.has_zero_points,
+        args = (qa, sa, asum, alone, w.nibbles, w.row_of, w.scales, w.zero_points, w.blk_sums, b, has_bias, w.has_zero_points,
                 w.N, y)
     else:
         columns = kernel.columns_avx512
@@ -230,17 +253,17 @@ def _kernels():
                 asum[r, b] = sa[r, b] * total
 
     @inline
-    def lane_fma(lane, w, k0, k4, a, s_a, sc, zp, lane_sum):
+    def lane_fma(lane, w, at, a, s_a, sc, zp, lane_sum):
         """``lane = fma(dot - zp * lane_sum, s_a * sc, lane)`` per column: the dot of
-        A's 8 integers `a` with the unsigned weights of inputs k0..k0+3 and k4..k4+3
-        (both even: byte rows k0 / 2, k0 / 2 + 1, k4 / 2, k4 / 2 + 1).
+        A's 8 integers `a` with the unsigned weights of the lane's 8 inputs, stored as the
+        byte rows at..at+3.
 
         A byte b holds lo + 16 hi; with h = floor(b / 16) (exact in float32),
         ``x lo + y hi = x b + (y - 16 x) h``: two products a byte, no integer unpacking
         (which LLVM does not vectorize here), every term an exact integer."""
         a0, a2, a4, a6 = a[0], a[2], a[4], a[6]
         c0, c2, c4, c6 = a[1] - sixteen * a0, a[3] - sixteen * a2, a[5] - sixteen * a4, a[7] - sixteen * a6
-        r0, r1, r2, r3 = w[k0 // 2], w[k0 // 2 + 1], w[k4 // 2], w[k4 // 2 + 1]
+        r0, r1, r2, r3 = w[at], w[at + 1], w[at + 2], w[at + 3]
         for j in range(lane.shape[0]):
             b0, b1, b2, b3 = f32(r0[j]), f32(r1[j]), f32(r2[j]), f32(r3[j])
             dot = (a0 * b0 + c0 * np.floor(b0 * sixteenth) + a2 * b1 + c2 * np.floor(b1 * sixteenth)
@@ -249,10 +272,10 @@ def _kernels():
             lane[j] = dot * (s_a * sc[j]) + lane[j]
 
     @inline
-    def quad_fma(lane, w, k0, a0, a1, a2, a3, s_a, sc, zp, quad_sum):
-        """`lane_fma` for the 4 inputs k0..k0+3 only."""
+    def quad_fma(lane, w, at0, at1, a0, a1, a2, a3, s_a, sc, zp, quad_sum):
+        """`lane_fma` for 4 inputs, the byte rows at0 and at1."""
         c0, c2 = a1 - sixteen * a0, a3 - sixteen * a2
-        r0, r1 = w[k0 // 2], w[k0 // 2 + 1]
+        r0, r1 = w[at0], w[at1]
         for j in range(lane.shape[0]):
             b0, b1 = f32(r0[j]), f32(r1[j])
             dot = a0 * b0 + c0 * np.floor(b0 * sixteenth) + a2 * b1 + c2 * np.floor(b1 * sixteenth)
@@ -292,7 +315,7 @@ def _kernels():
             out[j] = v[j]
 
     @jit
-    def columns_avx2(qa, sa, asum, alone_last, nibbles, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
+    def columns_avx2(qa, sa, asum, alone_last, nibbles, row_of, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
                      c_first, c_stop):
         """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX2 kernels.
         Several rows take the weights unsigned; a row alone (its M = 1 kernel) signed,
@@ -318,8 +341,8 @@ def _kernels():
                         for lane in range(8):
                             k0 = b * 32 + 4 * lane
                             a0, a1, a2, a3 = q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]
-                            quad_fma(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b], zp_c[b],
-                                     (a0 + a1) + (a2 + a3))
+                            quad_fma(acc[lane], w, row_of[k0 // 2], row_of[k0 // 2 + 1], a0, a1, a2, a3, sa[r, b],
+                                     sc_c[b], zp_c[b], (a0 + a1) + (a2 + a3))
                 else:  # blocks in pairs (MLAS's lane L: 8 inputs on), then an odd last block by quads
                     for p in range(pairs):
                         for lane in range(8):
@@ -332,14 +355,15 @@ def _kernels():
                                 a[i] = q[k0 + i]
                             lane_sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) \
                                 if alone else zero
-                            lane_fma(acc[lane], w, k0, k0 + 4, a, sa[r, b], sc_c[b], zp_c[b], lane_sum)
+                            lane_fma(acc[lane], w, p * 32 + 4 * lane, a, sa[r, b], sc_c[b], zp_c[b], lane_sum)
                     if blocks % 2:
                         b = blocks - 1
                         for lane in range(8):
                             k0 = b * 32 + 4 * lane
                             a0, a1, a2, a3 = q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]
                             quad_sum = (a0 + a1) + (a2 + a3) if alone else zero
-                            quad_fma(acc[lane], w, k0, a0, a1, a2, a3, sa[r, b], sc_c[b], zp_c[b], quad_sum)
+                            quad_fma(acc[lane], w, k0 // 2, k0 // 2 + 1, a0, a1, a2, a3, sa[r, b], sc_c[b], zp_c[b],
+                                     quad_sum)
                 fold(acc, v, col0, single_from)
                 finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, not alone, asum[r],
                        blk_sums[c], chain)
@@ -374,7 +398,7 @@ def _kernels():
                         for i in range(4):
                             a[i] = q[k0 + i]
                             a[4 + i] = q[k0 + 8 + i]
-                        lane_fma(acc[lane], w, k0, k0 + 8, a, sa[r, b], sc_c[b], no_zp, zero)
+                        lane_fma(acc[lane], w, g * 64 + 4 * lane, a, sa[r, b], sc_c[b], no_zp, zero)
                 for lane in range(8):
                     low, high, out = acc[lane], acc[lane + 8], x[lane]
                     for j in range(width):
@@ -382,8 +406,8 @@ def _kernels():
                 for b in range(groups * 4, blocks):  # the last blocks, lane j their elements 4j..4j+3
                     for lane in range(8):
                         k0 = b * 32 + 4 * lane
-                        quad_fma(x[lane], w, k0, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b], sc_c[b],
-                                 no_zp, zero)
+                        quad_fma(x[lane], w, k0 // 2, k0 // 2 + 1, q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3], sa[r, b],
+                                 sc_c[b], no_zp, zero)
                 fold(x, v, col0, single_from)
                 finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, True, asum[r], blk_sums[c],
                        chain)
