@@ -121,10 +121,13 @@ def _refill(feeds, rng) -> None:
             array[...] = rng.standard_normal(array.shape) * (3.0 if name in ("qkv", "q", "k") else 1.0)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("seq, past", [(16, 0), (2, 0), (129, 0), (300, 0), (16, 20), (1, 20), (1, 300)])
-def test_smollm2_layout_equals_onnxruntime_bit_for_bit(seq, past):
+def test_smollm2_layout_equals_onnxruntime_bit_for_bit(seq, past, compiled, monkeypatch):
     """Prompts (the flash kernel's blocks: one, a one-row last q block at 129, several key
-    blocks at 300), a chunk after a past, and one-token steps on a growing cache."""
+    blocks at 300), a chunk after a past, and one-token steps on a growing cache (the
+    decode kernel compiled, `mlas_jit`, and emulated)."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     model = _gqa_model(seq, past)
     ours, peer = workbench.InferenceSession(model, ROUNDED), _peer(model)
     rng = np.random.default_rng(seq * 1000 + past)

@@ -201,7 +201,7 @@ def test_exact_rare_path_gives_the_same_results(monkeypatch):
     ss = ort_float32.sum_of_squares_fma8(rows)
     assert _bits_differ(np.float32(1) / np.sqrt(ss / np.float32(27) + np.float32(1e-5)), inv) == 0 or not EXACT
     _, peer = _pair(_model("Sigmoid", "", [("x", x)], ["y"], {}))
-    assert _bits_differ(ort_float32.logistic(x), peer.run(None, {"x": x})[0]) == 0 or not EXACT
+    assert _bits_differ(ort_float32.logistic_emulated(x), peer.run(None, {"x": x})[0]) == 0 or not EXACT
 
 
 # --- Sigmoid and QuickGelu --------------------------------------------------------------
@@ -219,10 +219,12 @@ def _activations(r, shape, run):
     return v
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("shape", [(1, 1, 1536), (1, 16, 1536), (1, 1, 576), (3, 7), (1, 13)])
-def test_sigmoid_is_mlas_logistic(shape):
+def test_sigmoid_is_mlas_logistic(shape, compiled, monkeypatch):
     """MLAS's logistic (clamp to [-18, 18], two fma chains, p / q + 0.5, clamped below
-    at 0): bit for bit over six runs."""
+    at 0): bit for bit over six runs, compiled (`mlas_jit`) and emulated."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     r = np.random.default_rng([6, *shape])
     x = np.empty(shape, np.float32)
     ours, peer = _pair(_model("Sigmoid", "", [("x", x)], ["y"], {}))
@@ -241,12 +243,14 @@ def test_sigmoid_fp16_stays_within_tolerance():
         np.testing.assert_allclose(ours.run(None, {"x": x})[0].astype(np.float64), want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("alpha", [1.0, 1.702])
 @pytest.mark.parametrize("shape", [(1, 1, 1536), (1, 16, 1536), (2, 45)])
-def test_quick_gelu_is_onnxruntimes_result(alpha, shape):
+def test_quick_gelu_is_onnxruntimes_result(alpha, shape, compiled, monkeypatch):
     """x * logistic(alpha x): alpha x in float32 (none where alpha is 1), MLAS's
     logistic (clamped to [0, 1] where alpha is 1: its SiLU kernel), times x; bit for bit
-    over six runs."""
+    over six runs, compiled (`mlas_jit`) and emulated."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     r = np.random.default_rng([12, *shape, int(alpha * 1000)])
     x = np.empty(shape, np.float32)
     ours, peer = _pair(_model("QuickGelu", MS, [("x", x)], ["y"], {"alpha": alpha}))

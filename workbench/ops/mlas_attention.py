@@ -272,7 +272,28 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     """One new token's attention over every cached row given, ``MlasGQADecodeGQAThreaded``:
     q (KV, G, H), keys / values (KV, T, H) (rows 0..T-1, T = total length), the rows
     before `window_start` masked, `bias` (broadcast to (KV, G, T)) added to the scores.
-    Into `out` (KV, G, H) where given."""
+    Into `out` (KV, G, H) where given. Compiled where numba is and no bias is given
+    (`mlas_jit`), else `decode_attention_emulated`."""
+    from . import mlas_jit
+
+    if (bias is None and q.dtype == F32 and keys.dtype == F32 and values.dtype == F32
+            and mlas_jit.available("decode_attention")):
+        if out is None or out.dtype != F32:
+            result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32))
+            return result if out is None else _into(out, result)
+        return mlas_jit.decode_attention(q, keys, values, scale, window_start, out)
+    return decode_attention_emulated(q, keys, values, scale, window_start, bias, out)
+
+
+def _into(out: np.ndarray, result: np.ndarray) -> np.ndarray:
+    out[...] = result
+    return out
+
+
+def decode_attention_emulated(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
+                              window_start: int = 0, bias: np.ndarray | None = None,
+                              out: np.ndarray | None = None) -> np.ndarray:
+    """`decode_attention` in numpy (the fmas as float64 sums, checked for double rounding)."""
     scores = decode_scores(q, keys, np.float32(scale))
     if bias is not None:
         scores = np.add(scores, bias, dtype=F32)

@@ -164,7 +164,25 @@ _HALF, _ZERO, _ONE = np.float32(0.5), np.float32(0.0), np.float32(1.0)
 
 def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = False) -> np.ndarray:
     """MLAS's logistic of the float32 array `x` (module docstring), into `out` (a
-    float32 array of x's shape, may be x itself) or a new array."""
+    float32 array of x's shape, may be x itself) or a new array: compiled where numba
+    is (`mlas_jit`), else `logistic_emulated`."""
+    from . import mlas_jit
+
+    if x.dtype == F32 and mlas_jit.available("logistic"):
+        flat = np.ascontiguousarray(x).reshape(-1)
+        if out is not None and out.dtype == F32 and out.flags.c_contiguous:
+            mlas_jit.logistic(flat, out.reshape(-1), upper_clamp)
+            return out
+        result = mlas_jit.logistic(flat, np.empty_like(flat), upper_clamp).reshape(x.shape)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+    return logistic_emulated(x, out, upper_clamp)
+
+
+def logistic_emulated(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = False) -> np.ndarray:
+    """`logistic` in numpy: the fmas as float64 sums, checked for double rounding."""
     shape = x.shape
     flat = x.reshape(-1)  # a copy where x is not contiguous
     v = np.clip(flat, _LOWER, _UPPER)

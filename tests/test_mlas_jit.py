@@ -1,0 +1,70 @@
+"""The compiled twins of onnxruntime's float32 arithmetic (`workbench.ops.mlas_jit`) are
+their numpy emulations bit for bit (`ort_float32.logistic_emulated`,
+`mlas_attention.decode_attention_emulated`), for both MLAS sum-exp kernels (FMA3 and
+AVX-512F) whatever this CPU is; the emulations are held to onnxruntime in
+test_norm_sigmoid_exact.py and test_gqa_mlas_exact.py, which run both forms.
+
+Six runs each on one input array refilled in place: activations across the logistic's
+clamps, signed zeros, infinities and NaN; decode attention at SmolLM2's layout and
+around it (head sizes 64, 128, 13 and 4: no 8-lane body), one to 300 keys, a local
+window, a fully masked row, huge score spreads (exps that underflow to subnormals on
+AVX-512).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.ops import mlas_attention, mlas_isa, mlas_jit, ort_float32
+
+RUNS = 6
+
+
+def _same_bits(got, want) -> None:
+    np.testing.assert_array_equal(np.asarray(got).view(np.int32), np.asarray(want).view(np.int32))
+
+
+@pytest.mark.parametrize("upper_clamp", [False, True])
+def test_compiled_logistic_is_the_emulation_bit_for_bit(upper_clamp):
+    assert mlas_jit.available("logistic")
+    r = np.random.default_rng(int(upper_clamp))
+    x = np.empty(3000, np.float32)
+    out = np.empty_like(x)
+    for run in range(RUNS):
+        x[...] = r.standard_normal(x.size) * (10.0 ** (run % 3 - 1)) * (1 + 8 * (run == 5))
+        x[:12] = [18.0, -18.0, 17.99, 18.01, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -88.0, 88.0]
+        mlas_jit.logistic(x, out, upper_clamp)
+        want = ort_float32.logistic_emulated(x, upper_clamp=upper_clamp)
+        _same_bits(out, want)
+
+
+CASES = [  # kv heads, group, keys, head size, window start
+    (3, 3, 1, 64, 0), (3, 3, 37, 64, 0), (3, 3, 300, 64, 0), (3, 3, 40, 64, 12), (2, 4, 17, 128, 0),
+    (1, 2, 9, 13, 3), (2, 1, 5, 4, 0), (1, 1, 16, 8, 0),
+]
+
+
+@pytest.mark.parametrize("kernel", ["fma3", "avx512"])
+@pytest.mark.parametrize(("kv", "group", "keys", "head", "window"), CASES)
+def test_compiled_decode_attention_is_the_emulation_bit_for_bit(kv, group, keys, head, window, kernel, monkeypatch):
+    assert mlas_jit.available("decode_attention")
+    wide = "avx512" if kernel == "avx512" else "avx2"
+    monkeypatch.setattr(mlas_isa, "isa", lambda: wide)
+    monkeypatch.setattr(mlas_attention, "isa", lambda: wide)
+    r = np.random.default_rng([kv, group, keys, head, window, kernel == "avx512"])
+    q = np.empty((kv, group, head), np.float32)
+    cache_k = np.empty((kv, keys + 7, head), np.float32)  # the rows a step reads are a view of a longer cache
+    cache_v = np.empty_like(cache_k)
+    out = np.empty((kv, group, head), np.float32)
+    for run in range(RUNS):
+        spread = (1.0, 3.0, 30.0)[run % 3]  # 30: most exps underflow, some to subnormals
+        q[...] = r.standard_normal(q.shape) * spread
+        cache_k[...] = r.standard_normal(cache_k.shape) * spread
+        cache_v[...] = r.standard_normal(cache_v.shape)
+        keys_, values = cache_k[:, :keys], cache_v[:, :keys]
+        start = keys if run == 4 else window  # run 4: every key masked, zeros
+        want = mlas_attention.decode_attention_emulated(q, keys_, values, 0.125, start)
+        got = mlas_jit.decode_attention(q, keys_, values, 0.125, start, out)
+        assert got is out
+        _same_bits(out, want)

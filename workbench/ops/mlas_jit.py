@@ -1,0 +1,221 @@
+"""Compiled twins (numba) of two numpy emulations of onnxruntime's float32 arithmetic:
+MLAS's logistic (`ort_float32.logistic`) and its one-token GroupQueryAttention decode
+(`mlas_attention.decode_attention`).
+
+The emulations are exact but cost tens of numpy calls each (their fmas are float64
+sums checked for double rounding); a step of SmolLM2-135M's int4 export ran 30 of each.
+Here every fma MLAS takes is one ``llvm.fma.f32`` (`fma32`, exact on any CPU) and
+nothing else is fused: the kernels compile without fast-math, so each other product
+and sum rounds as written, in the emulation's order. `available` holds each twin to
+its emulation once per process (`WORKBENCH_NUMBA=0` or no numba: the emulation runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
+def enabled() -> bool:
+    """numba's kernels may be used: not turned off by ``WORKBENCH_NUMBA=0``, numba importable."""
+    if os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() in _OFF:
+        return False
+    try:
+        import numba  # noqa: F401
+    except ImportError:  # e.g. the GPU image: the numpy emulations
+        return False
+    return True
+
+
+def available(name: str) -> bool:
+    """Whether the compiled `name` ("logistic", "decode_attention") is taken."""
+    return enabled() and _self_checked(name)
+
+
+@functools.cache
+def _self_checked(name: str) -> bool:
+    from . import mlas_attention, ort_float32
+
+    r = np.random.default_rng(11)
+    kernels = _kernels()
+    if name == "logistic":
+        x = np.concatenate([r.standard_normal(4000) * 6, np.linspace(-20, 20, 801), [17.999, 18, -18]])
+        x = x.astype(F32)
+        same = all(np.array_equal(kernels.logistic(x, np.empty_like(x), clamp),
+                                  ort_float32.logistic_emulated(x, upper_clamp=clamp))
+                   for clamp in (False, True))
+    else:
+        same = True
+        for kv, g, t, h, window in ((3, 3, 37, 64, 0), (2, 1, 5, 13, 2), (1, 4, 17, 8, 0)):
+            q = (r.standard_normal((kv, g, h)) * 3).astype(F32)
+            keys = (r.standard_normal((kv, t, h)) * 3).astype(F32)
+            values = r.standard_normal((kv, t, h)).astype(F32)
+            want = mlas_attention.decode_attention_emulated(q, keys, values, 0.125, window)
+            got = decode_attention(q, keys, values, 0.125, window, np.empty((kv, g, h), F32))
+            same = same and np.array_equal(got.view(np.int32), want.view(np.int32))
+    if not same:
+        warnings.warn(f"numba's {name} differs from its numpy emulation on this machine; the emulation is taken "
+                      "(same values, slower)", RuntimeWarning, stacklevel=2)
+    return same
+
+
+def logistic(flat: np.ndarray, out: np.ndarray, upper_clamp: bool) -> np.ndarray:
+    """MLAS's logistic of the contiguous float32 vector `flat` into `out` (same shape)."""
+    return _kernels().logistic(flat, out, upper_clamp)
+
+
+def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window_start: int,
+                     out: np.ndarray) -> np.ndarray:
+    """`mlas_attention.decode_attention` without a bias, into `out` (KV, G, H) float32."""
+    from .mlas_isa import isa
+
+    kernels = _kernels()
+    return kernels.decode_attention(np.asarray(q, F32), keys, values, np.float32(scale), window_start, out,
+                                    isa() == "avx512", kernels.bits)
+
+
+@functools.cache
+def _kernels():
+    import numba
+    from numba import types
+    from numba.core.extending import intrinsic
+
+    from . import mlas_attention as ma
+    from . import ort_float32 as of
+
+    @intrinsic
+    def fma32(typingctx, a, b, c):
+        """fma(a, b, c) of float32 values, rounded once (``llvm.fma.f32``)."""
+        sig = types.float32(types.float32, types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            return builder.fma(*args)
+        return sig, codegen
+
+    jit = functools.partial(numba.njit, nogil=True, cache=True)
+    f32 = np.float32
+    alpha = tuple(of._ALPHA)
+    beta = tuple(of._BETA)
+    lower, upper = of._LOWER, of._UPPER
+    half, zero, one = f32(0.5), f32(0.0), f32(1.0)
+    lowest = ma.LOWEST
+    bias_rounding, log2_reciprocal = ma._ROUNDING_BIAS, ma._LOG2_RECIPROCAL
+    log2_high, log2_low = ma._LOG2_HIGH, ma._LOG2_LOW
+    poly = tuple(ma._POLY)
+    clamp_fma3, clamp_avx512 = ma._LOWER_SUM_EXP, ma._LOWER_RANGE
+    one_bits = np.int64(ma._ONE_BITS)
+
+    @jit
+    def logistic_kernel(x, out, upper_clamp):
+        for i in range(x.shape[0]):
+            v = np.minimum(np.maximum(x[i], lower), upper)
+            v2 = v * v
+            p = fma32(v2, alpha[0], alpha[1])
+            p = fma32(v2, p, alpha[2])
+            p = fma32(v2, p, alpha[3])
+            p = fma32(v2, p, alpha[4])
+            q = fma32(v2, beta[0], beta[1])
+            q = fma32(v2, q, beta[2])
+            q = fma32(v2, q, beta[3])
+            q = fma32(v2, q, beta[4])
+            q = fma32(v2, q, beta[5])
+            r = np.maximum((p * v) / q + half, zero)
+            out[i] = np.minimum(r, one) if upper_clamp else r
+        return out
+
+    @jit
+    def exp_biased(x, wide, bits):
+        """MLAS's sum-exp kernel's exp of x (already biased by -max)."""
+        x = np.maximum(x, clamp_avx512 if wide else clamp_fma3)
+        biased = fma32(x, log2_reciprocal, bias_rounding)
+        m = biased - bias_rounding
+        x = fma32(m, log2_high, x)
+        x = fma32(m, log2_low, x)
+        p = fma32(poly[0], x, poly[1])
+        for c in poly[2:]:
+            p = fma32(p, x, c)
+        if wide:  # vscalefps: p * 2^m rounded once (exact in float64, then one rounding)
+            return f32(np.float64(p) * 2.0 ** np.int64(m))
+        # 2^m built in the exponent bits, as the FMA3 kernel's integer shift does
+        word = ((np.int64(m) << 23) + one_bits) & 0xFFFFFFFF  # int32 arithmetic, wrapping
+        bits[0] = word - (1 << 32) if word >= 1 << 31 else word
+        return p * bits.view(np.float32)[0]
+
+    @jit
+    def decode_attention_kernel(q, keys, values, scale, window_start, out, wide, bits):
+        kv_heads, group, head = q.shape
+        total = keys.shape[1]
+        body = head - head % 8
+        width = 16 if wide else 8
+        scores = np.empty(total, f32)
+        acc = np.empty(8, f32)
+        lanes = np.empty(16, f32)
+        row = np.empty(head, f32)
+        for kv in range(kv_heads):
+            for g in range(group):
+                qv = q[kv, g]
+                for t in range(total):  # MlasGQADecodeQK: 8 lanes of every 8th product, then the tail
+                    k = keys[kv, t]
+                    if body:
+                        for lane in range(8):
+                            acc[lane] = qv[lane] * k[lane]
+                        for h0 in range(8, body, 8):
+                            for lane in range(8):
+                                acc[lane] = acc[lane] + qv[h0 + lane] * k[h0 + lane]
+                        s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+                    else:
+                        s = zero
+                    for h in range(body, head):
+                        s = s + qv[h] * k[h]
+                    scores[t] = s * scale
+                for t in range(min(window_start, total)):
+                    scores[t] = lowest
+                top = scores[0]
+                for t in range(1, total):
+                    top = np.maximum(top, scores[t])
+                o = out[kv, g]
+                if top == lowest:  # nothing visible: zeros
+                    o[:] = zero
+                    continue
+                negmax = -top
+                for lane in range(width):
+                    lanes[lane] = zero
+                for t in range(total):  # exps into `scores`, summed in the kernel's lanes
+                    e = exp_biased(scores[t] + negmax, wide, bits)
+                    scores[t] = e
+                    lane = t % width
+                    lanes[lane] = e if t < width else lanes[lane] + e
+                if wide:
+                    t0, t1, t2, t3 = lanes[8] + lanes[0], lanes[9] + lanes[1], lanes[10] + lanes[2], lanes[11] + lanes[3]
+                    t4, t5, t6, t7 = lanes[12] + lanes[4], lanes[13] + lanes[5], lanes[14] + lanes[6], lanes[15] + lanes[7]
+                    sums = ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7))
+                else:
+                    sums = ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                inverse = one / sums if sums > zero else zero
+                v0 = values[kv, 0]
+                e0 = scores[0]
+                for h in range(head):  # MlasGQADecodeSV: one running sum per feature, in key order
+                    row[h] = e0 * v0[h]
+                for t in range(1, total):
+                    vt = values[kv, t]
+                    e = scores[t]
+                    for h in range(head):
+                        row[h] = row[h] + e * vt[h]
+                for h in range(head):
+                    o[h] = row[h] * inverse
+        return out
+
+    return _Kernels(logistic_kernel, decode_attention_kernel, np.zeros(1, np.int32))
+
+
+class _Kernels:
+    __slots__ = ("logistic", "decode_attention", "bits")
+
+    def __init__(self, logistic, decode_attention, bits) -> None:
+        self.logistic, self.decode_attention, self.bits = logistic, decode_attention, bits
