@@ -26,7 +26,7 @@ SHAPES = [  # K, N, zero points, M, bias
     (576, 576, False, 16, False), (576, 130, True, 129, True), (544, 102, True, 1, False),
     (544, 102, False, 5, True), (560, 66, True, 2, False), (32, 4, True, 1, False), (96, 13, False, 2, False),
     (232, 70, False, 3, True), (416, 67, True, 1, True),
-    (576, 8192, False, 1, False),  # >= 2^22 weights: the columns split between two threads
+    (576, 8192, False, 1, False), (32, 64, False, 1, False),  # split between two threads, and not
 ]
 
 

@@ -24,8 +24,11 @@ _OFF = frozenset({"0", "false", "no", "off"})
 
 def enabled() -> bool:
     """numba's kernels may be used: not turned off by ``WORKBENCH_NUMBA=0``, numba importable."""
-    if os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() in _OFF:
-        return False
+    return os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() not in _OFF and _importable()
+
+
+@functools.cache
+def _importable() -> bool:
     try:
         import numba  # noqa: F401
     except ImportError:  # e.g. the GPU image: the numpy emulations

@@ -26,11 +26,9 @@ in float32 (|dot| < 2^14), so summing them in any order is the same value.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import os
-import threading
 import warnings
 
 import numpy as np
@@ -43,7 +41,7 @@ _BLOCK = 32
 _STRIDE_M = 128
 _OFF = frozenset({"0", "false", "no", "off"})
 #: weights (N x K) from which a call splits its columns between two threads
-_SPLIT_WEIGHTS = 1 << 22
+_SPLIT_WEIGHTS = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,11 +144,9 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
     else:
         columns = kernel.columns_avx512
         args = (qa, sa, asum, w.nibbles, w.scales, w.blk_sums, b, has_bias, w.N, y)
-    if w.N * w.K * m >= _SPLIT_WEIGHTS and chunks > 1 and _threads() > 1:
-        half = chunks // 2
-        other = _pool().submit(columns, *args, half, chunks)
-        columns(*args, 0, half)
-        other.result()
+    parts = min(_threads(), chunks) if w.N * w.K * m >= _SPLIT_WEIGHTS else 1
+    if parts > 1 and kernel.threaded:
+        (kernel.split_avx2 if w.form == "avx2" else kernel.split_avx512)(*args, parts, chunks)
     else:
         columns(*args, 0, chunks)
     return y[:, :w.N]
@@ -159,15 +155,6 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
 @functools.cache
 def _threads() -> int:
     return min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-_pool_lock = threading.Lock()
-
-
-@functools.cache
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    with _pool_lock:
-        return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="workbench-int4")
 
 
 def available(form: str) -> bool:
@@ -412,7 +399,48 @@ def _kernels():
                 finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, True, asum[r], blk_sums[c],
                        chain)
 
-    return _Kernels(quantize, columns_avx2, columns_avx512)
+    # a weight's column chunks split between threads: numba's parallel loops, on a
+    # thread-safe layer only (OpenMP or TBB; workbench may run sessions from several
+    # threads), else every call runs on the caller's thread
+    split = functools.partial(numba.njit, nogil=True, cache=True, parallel=True)
+
+    @split
+    def split_avx2(qa, sa, asum, alone_last, nibbles, row_of, scales, zps, blk_sums, bias, has_bias, has_zp,
+                   n_total, y, parts, chunks):
+        for part in numba.prange(parts):
+            columns_avx2(qa, sa, asum, alone_last, nibbles, row_of, scales, zps, blk_sums, bias, has_bias, has_zp,
+                         n_total, y, chunks * part // parts, chunks * (part + 1) // parts)
+
+    @split
+    def split_avx512(qa, sa, asum, nibbles, scales, blk_sums, bias, has_bias, n_total, y, parts, chunks):
+        for part in numba.prange(parts):
+            columns_avx512(qa, sa, asum, nibbles, scales, blk_sums, bias, has_bias, n_total, y,
+                           chunks * part // parts, chunks * (part + 1) // parts)
+
+    return _Kernels(quantize, columns_avx2, columns_avx512, split_avx2, split_avx512, _threadsafe_layer(numba))
+
+
+def _threadsafe_layer(numba) -> bool:
+    """Whether numba's parallel loops run on a thread-safe layer here (asks for one where
+    the user has not chosen a layer; its workqueue layer aborts on concurrent use)."""
+    chosen = numba.config.THREADING_LAYER
+    if chosen == "default":
+        numba.config.THREADING_LAYER = "threadsafe"
+    elif chosen not in ("threadsafe", "omp", "tbb"):
+        return False
+    prange = numba.prange
+
+    def probe(x):
+        for i in prange(x.shape[0]):
+            x[i] += 1.0
+        return x
+
+    try:
+        numba.njit(parallel=True)(probe)(np.zeros(2))
+        return numba.threading_layer() in ("omp", "tbb")
+    except (ValueError, ImportError, RuntimeError):  # neither installed: leave numba as it was
+        numba.config.THREADING_LAYER = chosen
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,3 +448,6 @@ class _Kernels:
     quantize: object
     columns_avx2: object
     columns_avx512: object
+    split_avx2: object
+    split_avx512: object
+    threaded: bool
