@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError
-from .ort_float32 import logistic
+from .ort_float32 import logistic_function
 from .registry import KernelFn, NodeInfo, register, with_replay_form
 
 MS_DOMAIN = "com.microsoft"
@@ -174,6 +174,7 @@ def build_quick_gelu(info: NodeInfo) -> KernelFn:
     #: onnxruntime's kernel: alpha x in float32, skipped where alpha is 1 (its SiLU)
     silu = alpha == 1.0
     scale = np.float32(alpha)
+    logistic = logistic_function() if as_onnxruntime else None  # compiled or emulated, chosen once
 
     def as_onnxruntime_into(x: Any, out: Any) -> tuple:
         """onnxruntime's arithmetic (float32 x, `out` a float32 array or None)."""

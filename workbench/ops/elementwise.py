@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ALL_PLAIN, FLOATS, NUMERIC, SIGNED_INTS, UNSIGNED_INTS
-from .ort_float32 import logistic
+from .ort_float32 import logistic_function
 from .registry import KernelFn, NodeInfo, register, ufunc_kernel
 
 F16 = np.dtype(np.float16)
@@ -243,12 +243,15 @@ def sigmoid(info: NodeInfo) -> KernelFn:
         out += 1
         return xp.reciprocal(out, out=out)
 
+    as_onnxruntime = xp is np and info.onnxruntime_rounding
+    logistic = logistic_function() if as_onnxruntime else None  # compiled or emulated, chosen once
+
     def compute_as_onnxruntime(x: Any, out: Any) -> Any:
         if x.dtype != F32:
             return compute(x, out)
         return logistic(x, out=out)
 
-    return _widening_half(info, compute_as_onnxruntime if xp is np and info.onnxruntime_rounding else compute)
+    return _widening_half(info, compute_as_onnxruntime if as_onnxruntime else compute)
 
 
 def _erf_function(xp: Any) -> Callable[..., Any]:

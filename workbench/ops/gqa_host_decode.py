@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..addresses import address
-from .mlas_attention import decode_attention
+from .mlas_attention import decode_attention_function
 from .ort_float32 import rotate_pair
 from .registry import numpy_first_int
 from .rotary_matrix import RotationMatrix
@@ -120,7 +120,8 @@ class HostDecode:
         self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
         # onnxruntime's rounding applies to float32 only (the general path's condition too)
         exact_rotary = self.exact_rotary = exact_rotary and ct == np.float32
-        self.exact_attention = exact_attention and ct == np.float32
+        # MLAS's decode kernel (compiled or emulated: chosen here, once), or None
+        self.exact_attention = decode_attention_function() if exact_attention and ct == np.float32 else None
         group = num_heads // kv_heads
         if key is None:
             v_rows = query.reshape(-1)[q_hidden + kv_hidden:q_hidden + 2 * kv_hidden]
@@ -188,7 +189,7 @@ class HostDecode:
 
         if exact_attention:  # every row 0..pos, the window's masked as onnxruntime masks them
             total = pos + 1
-            decode_attention(self.q, presents[0][0, :, :total], presents[1][0, :, :total], self.alpha,
+            exact_attention(self.q, presents[0][0, :, :total], presents[1][0, :, :total], self.alpha,
                              total - window if 0 < window < total else 0, out=self.out)
             return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
         start = max(pos - window + 1, 0) if window > 0 else 0

@@ -54,6 +54,7 @@ import functools
 
 import numpy as np
 
+from . import mlas_jit
 from .mlas_isa import isa, l2_cache_bytes
 from .ort_float32 import _any_halfway, fma_chain, fma_step
 from .registry import numpy_any
@@ -274,10 +275,19 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     before `window_start` masked, `bias` (broadcast to (KV, G, T)) added to the scores.
     Into `out` (KV, G, H) where given. Compiled where numba is and no bias is given
     (`mlas_jit`), else `decode_attention_emulated`."""
-    from . import mlas_jit
+    return decode_attention_function()(q, keys, values, scale, window_start, bias, out)
 
-    if (bias is None and q.dtype == F32 and keys.dtype == F32 and values.dtype == F32
-            and mlas_jit.available("decode_attention")):
+
+def decode_attention_function():
+    """`decode_attention`'s form for a kernel being built (compiled where numba is and
+    is not turned off): a kernel asks once, not at every call."""
+    return _decode_attention_compiled if mlas_jit.available("decode_attention") else decode_attention_emulated
+
+
+def _decode_attention_compiled(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
+                               window_start: int = 0, bias: np.ndarray | None = None,
+                               out: np.ndarray | None = None) -> np.ndarray:
+    if bias is None and q.dtype == F32 and keys.dtype == F32 and values.dtype == F32:
         if out is None or out.dtype != F32:
             result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32))
             return result if out is None else _into(out, result)

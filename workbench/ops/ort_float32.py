@@ -39,6 +39,7 @@ import threading
 
 import numpy as np
 
+from . import mlas_jit
 from .registry import numpy_any
 
 F32 = np.dtype(np.float32)
@@ -166,9 +167,17 @@ def logistic(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = F
     """MLAS's logistic of the float32 array `x` (module docstring), into `out` (a
     float32 array of x's shape, may be x itself) or a new array: compiled where numba
     is (`mlas_jit`), else `logistic_emulated`."""
-    from . import mlas_jit
+    return logistic_function()(x, out, upper_clamp)
 
-    if x.dtype == F32 and mlas_jit.available("logistic"):
+
+def logistic_function():
+    """`logistic`'s form for a kernel being built (the compiled one where numba is and
+    is not turned off): a kernel asks once, not at every call."""
+    return _logistic_compiled if mlas_jit.available("logistic") else logistic_emulated
+
+
+def _logistic_compiled(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = False) -> np.ndarray:
+    if x.dtype == F32:
         flat = np.ascontiguousarray(x).reshape(-1)
         if out is not None and out.dtype == F32 and out.flags.c_contiguous:
             mlas_jit.logistic(flat, out.reshape(-1), upper_clamp)
