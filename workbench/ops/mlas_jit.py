@@ -68,19 +68,20 @@ def _self_checked(name: str) -> bool:
     return same
 
 
-def logistic(flat: np.ndarray, out: np.ndarray, upper_clamp: bool) -> np.ndarray:
-    """MLAS's logistic of the contiguous float32 vector `flat` into `out` (same shape)."""
-    return _kernels().logistic(flat, out, upper_clamp)
+def logistic(flat: np.ndarray, into: np.ndarray, upper_clamp: bool) -> np.ndarray:
+    """MLAS's logistic of the float32 vector `flat` into `into` (same shape)."""
+    return _kernels().logistic(flat, into, upper_clamp)
 
 
 def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window_start: int,
-                     out: np.ndarray) -> np.ndarray:
-    """`mlas_attention.decode_attention` without a bias, into `out` (KV, G, H) float32."""
+                     into: np.ndarray) -> np.ndarray:
+    """`mlas_attention.decode_attention` without a bias, float32 q, keys and values,
+    into `into` (KV, G, H) float32."""
     from .mlas_isa import isa
 
     kernels = _kernels()
-    return kernels.decode_attention(np.asarray(q, F32), keys, values, np.float32(scale), window_start, out,
-                                    isa() == "avx512", kernels.bits)
+    return kernels.decode_attention(q, keys, values, np.float32(scale), window_start, into, isa() == "avx512",
+                                    kernels.bits)
 
 
 @functools.cache
@@ -115,7 +116,7 @@ def _kernels():
     one_bits = np.int64(ma._ONE_BITS)
 
     @jit
-    def logistic_kernel(x, out, upper_clamp):
+    def logistic_kernel(x, into, upper_clamp):
         for i in range(x.shape[0]):
             v = np.minimum(np.maximum(x[i], lower), upper)
             v2 = v * v
@@ -129,8 +130,8 @@ def _kernels():
             q = fma32(v2, q, beta[4])
             q = fma32(v2, q, beta[5])
             r = np.maximum((p * v) / q + half, zero)
-            out[i] = np.minimum(r, one) if upper_clamp else r
-        return out
+            into[i] = np.minimum(r, one) if upper_clamp else r
+        return into
 
     @jit
     def exp_biased(x, wide, bits):
@@ -151,7 +152,7 @@ def _kernels():
         return p * bits.view(np.float32)[0]
 
     @jit
-    def decode_attention_kernel(q, keys, values, scale, window_start, out, wide, bits):
+    def decode_attention_kernel(q, keys, values, scale, window_start, into, wide, bits):
         kv_heads, group, head = q.shape
         total = keys.shape[1]
         body = head - head % 8
@@ -182,7 +183,7 @@ def _kernels():
                 top = scores[0]
                 for t in range(1, total):
                     top = np.maximum(top, scores[t])
-                o = out[kv, g]
+                o = into[kv, g]
                 if top == lowest:  # nothing visible: zeros
                     o[:] = zero
                     continue
@@ -212,7 +213,7 @@ def _kernels():
                         row[h] = row[h] + e * vt[h]
                 for h in range(head):
                     o[h] = row[h] * inverse
-        return out
+        return into
 
     return _Kernels(logistic_kernel, decode_attention_kernel, np.zeros(1, np.int32))
 

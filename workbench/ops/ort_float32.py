@@ -178,7 +178,7 @@ def logistic_function():
 
 def _logistic_compiled(x: np.ndarray, out: np.ndarray | None = None, upper_clamp: bool = False) -> np.ndarray:
     if x.dtype == F32:
-        flat = np.ascontiguousarray(x).reshape(-1)
+        flat = x.reshape(-1)  # a copy where x is not contiguous
         if out is not None and out.dtype == F32 and out.flags.c_contiguous:
             mlas_jit.logistic(flat, out.reshape(-1), upper_clamp)
             return out
