@@ -176,11 +176,13 @@ def test_ragged_batch_equals_onnxruntime_bit_for_bit():
             _agree(g, w, f"run {run}: {name}")
 
 
-def test_decode_on_bound_fixed_caches_takes_the_prepared_call_and_equals_onnxruntime(monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_decode_on_bound_fixed_caches_takes_the_prepared_call_and_equals_onnxruntime(compiled, monkeypatch):
     """The decode loop of `Generator(kv="fixed")`: one token a step, caches of fixed
     capacity bound in place as past and present, so the prepared call (`HostDecode`)
     serves every step; attention and cached rows equal onnxruntime's, which gets the
-    same caches as copies."""
+    same caches as copies. Its rotation and attention compiled (`mlas_jit`) and emulated."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     served = []
     real = gqa_host_decode.HostDecode.run
     monkeypatch.setattr(gqa_host_decode.HostDecode, "run", lambda plan, *a: served.append(1) or real(plan, *a))

@@ -68,3 +68,20 @@ def test_compiled_decode_attention_is_the_emulation_bit_for_bit(kv, group, keys,
         got = mlas_jit.decode_attention(q, keys_, values, 0.125, start, out)
         assert got is out
         _same_bits(out, want)
+
+
+def test_compiled_rotation_is_the_emulation_bit_for_bit():
+    """MLAS's rotary embedding of non-interleaved halves (fma(x1, cos, -(x2 sin)),
+    fma(x1, sin, x2 cos)), on strided views as the prepared decode passes them."""
+    assert mlas_jit.available("rotate_pair")
+    r = np.random.default_rng(21)
+    halves = np.empty((12, 2, 32), np.float32)  # rows x (first, second half) x half
+    rotated = np.empty_like(halves)
+    for run in range(RUNS):
+        halves[...] = r.standard_normal(halves.shape) * (10.0 ** (run % 3))
+        angles = r.uniform(0, 2 * np.pi, 32)
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        mlas_jit.rotate_pair(halves[:, 0], halves[:, 1], cos, sin, rotated[:, 0], rotated[:, 1])
+        real, imag = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos, sin)
+        _same_bits(rotated[:, 0], real)
+        _same_bits(rotated[:, 1], imag)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..addresses import address
+from . import mlas_jit
 from .mlas_attention import decode_attention_function
 from .ort_float32 import rotate_pair
 from .registry import numpy_first_int
@@ -95,7 +96,8 @@ class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
     __slots__ = ("alpha", "cos", "sin", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
-                 "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out", "exact_rotary", "exact_attention")
+                 "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out", "exact_rotary", "exact_attention",
+                 "rotate_into")
 
     @classmethod
     def prepare(cls, inputs: list, outs: list, *, num_heads: int, kv_heads: int, head_size: int,
@@ -120,6 +122,8 @@ class HostDecode:
         self.alpha = ct.type(scale if scale != 0.0 else 1.0 / float(np.sqrt(head_size)))
         # onnxruntime's rounding applies to float32 only (the general path's condition too)
         exact_rotary = self.exact_rotary = exact_rotary and ct == np.float32
+        # MLAS's rotation compiled (`mlas_jit`), chosen here once; None: the emulation
+        self.rotate_into = mlas_jit.rotate_pair if exact_rotary and mlas_jit.available("rotate_pair") else None
         # MLAS's decode kernel (compiled or emulated: chosen here, once), or None
         self.exact_attention = decode_attention_function() if exact_attention and ct == np.float32 else None
         group = num_heads // kv_heads
@@ -175,9 +179,13 @@ class HostDecode:
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
             if exact_rotary:  # MLAS's rotary kernel's rounding
-                real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r])
-                self.rotated[:, 0] = real
-                self.rotated[:, 1] = imag
+                if self.rotate_into is not None:
+                    self.rotate_into(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r],
+                                     self.rotated[:, 0], self.rotated[:, 1])
+                else:
+                    real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r])
+                    self.rotated[:, 0] = real
+                    self.rotated[:, 1] = imag
             elif self.rotation is not None:  # constant caches: one product (`rotary_matrix`)
                 np.matmul(self.rows, self.rotation.at(r), out=self.rotated_rows)
             else:

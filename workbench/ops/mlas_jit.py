@@ -1,6 +1,6 @@
-"""Compiled twins (numba) of two numpy emulations of onnxruntime's float32 arithmetic:
-MLAS's logistic (`ort_float32.logistic`) and its one-token GroupQueryAttention decode
-(`mlas_attention.decode_attention`).
+"""Compiled twins (numba) of numpy emulations of onnxruntime's float32 arithmetic:
+MLAS's logistic (`ort_float32.logistic`), its rotary embedding (`ort_float32.rotate_pair`)
+and its one-token GroupQueryAttention decode (`mlas_attention.decode_attention`).
 
 The emulations are exact but cost tens of numpy calls each (their fmas are float64
 sums checked for double rounding); a step of SmolLM2-135M's int4 export ran 30 of each.
@@ -37,7 +37,7 @@ def _importable() -> bool:
 
 
 def available(name: str) -> bool:
-    """Whether the compiled `name` ("logistic", "decode_attention") is taken."""
+    """Whether the compiled `name` ("logistic", "rotate_pair", "decode_attention") is taken."""
     return enabled() and _self_checked(name)
 
 
@@ -53,6 +53,13 @@ def _self_checked(name: str) -> bool:
         same = all(np.array_equal(kernels.logistic(x, np.empty_like(x), clamp),
                                   ort_float32.logistic_emulated(x, upper_clamp=clamp))
                    for clamp in (False, True))
+    elif name == "rotate_pair":
+        x1, x2 = (r.standard_normal((5, 32)) * 4).astype(F32), (r.standard_normal((5, 32)) * 4).astype(F32)
+        cos, sin = r.uniform(-1, 1, 32).astype(F32), r.uniform(-1, 1, 32).astype(F32)
+        real, imag = np.empty_like(x1), np.empty_like(x1)
+        kernels.rotate_pair(x1, x2, cos, sin, real, imag)
+        want = ort_float32.rotate_pair(x1, x2, cos, sin)
+        same = np.array_equal(real, want[0]) and np.array_equal(imag, want[1])
     else:
         same = True
         for kv, g, t, h, window in ((3, 3, 37, 64, 0), (2, 1, 5, 13, 2), (1, 4, 17, 8, 0)):
@@ -71,6 +78,13 @@ def _self_checked(name: str) -> bool:
 def logistic(flat: np.ndarray, into: np.ndarray, upper_clamp: bool) -> np.ndarray:
     """MLAS's logistic of the float32 vector `flat` into `into` (same shape)."""
     return _kernels().logistic(flat, into, upper_clamp)
+
+
+def rotate_pair(x1: np.ndarray, x2: np.ndarray, cos: np.ndarray, sin: np.ndarray, real: np.ndarray,
+                imag: np.ndarray) -> None:
+    """`ort_float32.rotate_pair` of float32 halves x1, x2 (rows, half) by cos, sin (half,),
+    into real and imag (rows, half)."""
+    _kernels().rotate_pair(x1, x2, cos, sin, real, imag)
 
 
 def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window_start: int,
@@ -132,6 +146,14 @@ def _kernels():
             r = np.maximum((p * v) / q + half, zero)
             into[i] = np.minimum(r, one) if upper_clamp else r
         return into
+
+    @jit
+    def rotate_pair_kernel(x1, x2, cos, sin, real, imag):
+        for r in range(x1.shape[0]):
+            for j in range(x1.shape[1]):
+                a, b = x1[r, j], x2[r, j]
+                real[r, j] = fma32(a, cos[j], -(b * sin[j]))
+                imag[r, j] = fma32(a, sin[j], b * cos[j])
 
     @jit
     def exp_biased(x, wide, bits):
@@ -215,11 +237,11 @@ def _kernels():
                     o[h] = row[h] * inverse
         return into
 
-    return _Kernels(logistic_kernel, decode_attention_kernel, np.zeros(1, np.int32))
+    return _Kernels(logistic_kernel, rotate_pair_kernel, decode_attention_kernel, np.zeros(1, np.int32))
 
 
 class _Kernels:
-    __slots__ = ("logistic", "decode_attention", "bits")
+    __slots__ = ("logistic", "rotate_pair", "decode_attention", "bits")
 
-    def __init__(self, logistic, decode_attention, bits) -> None:
-        self.logistic, self.decode_attention, self.bits = logistic, decode_attention, bits
+    def __init__(self, logistic, rotate_pair, decode_attention, bits) -> None:
+        self.logistic, self.rotate_pair, self.decode_attention, self.bits = logistic, rotate_pair, decode_attention, bits
