@@ -85,3 +85,15 @@ def test_compiled_rotation_is_the_emulation_bit_for_bit():
         real, imag = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos, sin)
         _same_bits(rotated[:, 0], real)
         _same_bits(rotated[:, 1], imag)
+
+
+@pytest.mark.parametrize("n", [16, 17, 23, 24, 28, 64, 576, 1536, 1539])
+def test_compiled_sum_of_squares_is_the_emulation_bit_for_bit(n):
+    """onnxruntime's RMS-norm sum of squares (8 fma lanes, folded, then 4 plain squares
+    where 4 are left, then fmas), rows of every tail length."""
+    assert mlas_jit.available("sum_of_squares")
+    r = np.random.default_rng(n)
+    rows = np.empty((4, n), np.float32)
+    for run in range(RUNS):
+        rows[...] = r.standard_normal(rows.shape) * (10.0 ** (run % 3 - 1))
+        _same_bits(mlas_jit.sum_of_squares(rows), ort_float32.sum_of_squares_emulated(rows))

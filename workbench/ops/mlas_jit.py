@@ -1,5 +1,6 @@
 """Compiled twins (numba) of numpy emulations of onnxruntime's float32 arithmetic:
-MLAS's logistic (`ort_float32.logistic`), its rotary embedding (`ort_float32.rotate_pair`)
+MLAS's logistic (`ort_float32.logistic`), onnxruntime's RMS-norm sum of squares
+(`ort_float32.sum_of_squares_fma8`), MLAS's rotary embedding (`ort_float32.rotate_pair`)
 and its one-token GroupQueryAttention decode (`mlas_attention.decode_attention`).
 
 The emulations are exact but cost tens of numpy calls each (their fmas are float64
@@ -37,7 +38,8 @@ def _importable() -> bool:
 
 
 def available(name: str) -> bool:
-    """Whether the compiled `name` ("logistic", "rotate_pair", "decode_attention") is taken."""
+    """Whether the compiled `name` ("logistic", "sum_of_squares", "rotate_pair",
+    "decode_attention") is taken."""
     return enabled() and _self_checked(name)
 
 
@@ -53,6 +55,12 @@ def _self_checked(name: str) -> bool:
         same = all(np.array_equal(kernels.logistic(x, np.empty_like(x), clamp),
                                   ort_float32.logistic_emulated(x, upper_clamp=clamp))
                    for clamp in (False, True))
+    elif name == "sum_of_squares":
+        same = True
+        for n in (16, 27, 64, 576, 1539):
+            rows = (r.standard_normal((3, n)) * 5).astype(F32)
+            same = same and np.array_equal(kernels.sum_of_squares(rows, np.empty((3, 1), F32)),
+                                           ort_float32.sum_of_squares_emulated(rows))
     elif name == "rotate_pair":
         x1, x2 = (r.standard_normal((5, 32)) * 4).astype(F32), (r.standard_normal((5, 32)) * 4).astype(F32)
         cos, sin = r.uniform(-1, 1, 32).astype(F32), r.uniform(-1, 1, 32).astype(F32)
@@ -78,6 +86,11 @@ def _self_checked(name: str) -> bool:
 def logistic(flat: np.ndarray, into: np.ndarray, upper_clamp: bool) -> np.ndarray:
     """MLAS's logistic of the float32 vector `flat` into `into` (same shape)."""
     return _kernels().logistic(flat, into, upper_clamp)
+
+
+def sum_of_squares(rows: np.ndarray) -> np.ndarray:
+    """`ort_float32.sum_of_squares_fma8` of the float32 rows (rows, n >= 16): (rows, 1)."""
+    return _kernels().sum_of_squares(rows, np.empty((rows.shape[0], 1), F32))
 
 
 def rotate_pair(x1: np.ndarray, x2: np.ndarray, cos: np.ndarray, sin: np.ndarray, real: np.ndarray,
@@ -146,6 +159,34 @@ def _kernels():
             r = np.maximum((p * v) / q + half, zero)
             into[i] = np.minimum(r, one) if upper_clamp else r
         return into
+
+    @jit
+    def sum_of_squares_kernel(rows, sums):
+        """onnxruntime's vectorised sum of squares: 8 lanes of fma(x, x, lane), folded
+        8 -> 4 -> 2 -> 1; then 4 more as s + x*x where 4 are left; the rest fma."""
+        lanes = np.empty(8, f32)
+        n = rows.shape[1]
+        body = n - n % 8
+        for r in range(rows.shape[0]):
+            x = rows[r]
+            for lane in range(8):
+                lanes[lane] = zero
+            for k0 in range(0, body, 8):
+                for lane in range(8):
+                    v = x[k0 + lane]
+                    lanes[lane] = fma32(v, v, lanes[lane])
+            f0, f1, f2, f3 = lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]
+            t0, t1 = f0 + f2, f1 + f3
+            s = t0 + t1
+            j = body
+            if n - j >= 4:
+                for k in range(j, j + 4):
+                    s = s + x[k] * x[k]
+                j += 4
+            for k in range(j, n):
+                s = fma32(x[k], x[k], s)
+            sums[r, 0] = s
+        return sums
 
     @jit
     def rotate_pair_kernel(x1, x2, cos, sin, real, imag):
@@ -237,11 +278,13 @@ def _kernels():
                     o[h] = row[h] * inverse
         return into
 
-    return _Kernels(logistic_kernel, rotate_pair_kernel, decode_attention_kernel, np.zeros(1, np.int32))
+    return _Kernels(logistic_kernel, sum_of_squares_kernel, rotate_pair_kernel, decode_attention_kernel,
+                    np.zeros(1, np.int32))
 
 
 class _Kernels:
-    __slots__ = ("logistic", "rotate_pair", "decode_attention", "bits")
+    __slots__ = ("logistic", "sum_of_squares", "rotate_pair", "decode_attention", "bits")
 
-    def __init__(self, logistic, rotate_pair, decode_attention, bits) -> None:
-        self.logistic, self.rotate_pair, self.decode_attention, self.bits = logistic, rotate_pair, decode_attention, bits
+    def __init__(self, logistic, sum_of_squares, rotate_pair, decode_attention, bits) -> None:
+        self.logistic, self.sum_of_squares, self.rotate_pair = logistic, sum_of_squares, rotate_pair
+        self.decode_attention, self.bits = decode_attention, bits

@@ -33,7 +33,7 @@ import numpy as np
 from onnx import helper
 
 from ..dtypes import FLOATS
-from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8
+from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8, sum_of_squares_function
 from .registry import KernelFn, NodeInfo, register
 
 F32 = np.dtype(np.float32)
@@ -146,12 +146,14 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
     want_inv = _wanted(info, 1)
     inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
     as_onnxruntime = xp is np and compute in (F32, F64) and info.onnxruntime_rounding
+    sum_of_squares = sum_of_squares_function() if as_onnxruntime else None  # compiled or emulated, chosen once
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]
         axes = axes_for(x.ndim)
         if as_onnxruntime and x.dtype == compute and scale.dtype == compute and x.size:
-            y, inv_rms = _rms_norm_as_onnxruntime(x, scale, axes, epsilon, _work_buffer(outs[0], compute))
+            y, inv_rms = _rms_norm_as_onnxruntime(x, scale, axes, epsilon, _work_buffer(outs[0], compute),
+                                                  sum_of_squares)
         else:
             inv_rms = _inverse_rms(xp, x, axes, epsilon, compute)
             y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
@@ -164,7 +166,7 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
 
 
 def _rms_norm_as_onnxruntime(x: np.ndarray, scale: np.ndarray, axes: tuple, epsilon: Any,
-                             out: np.ndarray | None) -> tuple:
+                             out: np.ndarray | None, sum_of_squares=sum_of_squares_fma8) -> tuple:
     """(y, inv_rms) as onnxruntime's CPU kernel rounds them (module docstring), for x
     and scale of one float dtype; y into `out` where given."""
     dtype = x.dtype
@@ -174,7 +176,7 @@ def _rms_norm_as_onnxruntime(x: np.ndarray, scale: np.ndarray, axes: tuple, epsi
     count = dtype.type(n)
     y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, dtype)
     if dtype == F32 and n >= FMA8_MIN_ROW:
-        denom = sum_of_squares_fma8(rows)
+        denom = sum_of_squares(rows)
         denom /= count
         denom += epsilon
         np.sqrt(denom, out=denom)

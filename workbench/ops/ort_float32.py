@@ -95,7 +95,20 @@ FMA8_MIN_ROW = 16
 
 def sum_of_squares_fma8(x: np.ndarray) -> np.ndarray:
     """Per row of the float32 2-D `x` (rows, n) with n >= 16: the sum of squares as
-    onnxruntime's vectorised loop rounds it (module docstring); shape (rows, 1)."""
+    onnxruntime's vectorised loop rounds it (module docstring); shape (rows, 1).
+    Compiled where numba is (`mlas_jit`), else `sum_of_squares_emulated`."""
+    return sum_of_squares_function()(x)
+
+
+def sum_of_squares_function():
+    """`sum_of_squares_fma8`'s form for a kernel being built (compiled where numba is and
+    is not turned off): a kernel asks once, not at every call."""
+    return mlas_jit.sum_of_squares if mlas_jit.available("sum_of_squares") else sum_of_squares_emulated
+
+
+def sum_of_squares_emulated(x: np.ndarray) -> np.ndarray:
+    """`sum_of_squares_fma8` in numpy: the lanes' fmas as float64 sums, checked for
+    double rounding."""
     rows, n = x.shape
     steps = n // 8
     body = steps * 8
