@@ -37,3 +37,34 @@ def test_every_feed_and_output_is_listed_each_step():
     assert (per_step == expected).all()
     assert set(io.role) == {"feed", "output"}
     assert (io.address > 0).all() and np.all(io.base_nbytes >= io.nbytes)
+
+
+def test_the_same_arrays_again_give_the_same_rows_and_new_ones_are_read():
+    """IOBinding with the very same arrays step after step: the rows are those of the
+    first step (held, not re-read); a feed rebound to another array is read anew."""
+    session = workbench.InferenceSession(BUILT_IN["gpt2"]().SerializeToString())
+    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
+                              np.int64 if "int64" in i.type else np.float32) for i in session.get_inputs()}
+    past = [n for n in feeds if n.startswith("past")]
+    for n in past:  # an empty past: the step's own key and value only
+        shape = list(feeds[n].shape)
+        shape[-2] = 0
+        feeds[n] = np.zeros(shape, np.float32)
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_input(name, array)
+    for output in session.get_outputs():
+        binding.bind_output(output.name)
+    for _ in range(3):
+        session.run_with_iobinding(binding)
+    other = feeds["input_ids"].copy()
+    binding.bind_input("input_ids", other)
+    session.run_with_iobinding(binding)
+    io = session.recording.table("io_buffers")
+    names = {v.id: v.name for v in session.graph.values}
+    ids = io[io.value_id.map(names) == "input_ids"]
+    assert len(ids) == 4
+    assert ids.address.iloc[:3].nunique() == 1
+    assert ids.address.iloc[3] != ids.address.iloc[0], "the rebound feed is read anew"
+    from workbench.addresses import address
+    assert ids.address.iloc[3] == address(other)

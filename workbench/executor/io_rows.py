@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from ..addresses import owned_addresses, rooted_addresses
+from ..addresses import owned_addresses, rooted_addresses, same_objects
 from ..tables import IO_BUFFERS_COLUMNS
 from .views import KnownAddresses
 
@@ -56,16 +56,25 @@ class IoBlock:
 
 
 class IoRows:
-    """The last step's block, handed again while the numbers stay the same."""
+    """The last step's block, handed again while the numbers stay the same; and while
+    the arrays are the very objects of the last step (a fixed cache's bound arrays, the
+    staged feeds, the executor's own output buffers), without reading them: an array's
+    address, size and base cannot change while it is held, and these are held here
+    until the next step."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_last", "_arrays")
 
     def __init__(self) -> None:
         self._last: IoBlock | None = None
+        self._arrays: tuple = ()
 
     def block(self, layout: tuple, arrays: tuple, addresses: KnownAddresses) -> IoBlock:
         """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)
         that holds an array."""
+        last = self._last
+        if last is not None and last.layout is layout and same_objects(arrays, self._arrays):
+            return last
+        self._arrays = arrays
         positions = None
         addrs = owned_addresses(arrays)
         if addrs is not None:  # each its own base
@@ -79,7 +88,6 @@ class IoRows:
                 columns = (rooted[0], sizes, rooted[1], array("Q", map(_NBYTES, bases)))
             else:
                 positions, columns = self._read_each(arrays, addresses)
-        last = self._last
         if last is not None and last.same_rows(layout, positions, columns):
             return last
         self._last = IoBlock(layout, positions, columns)
