@@ -8,8 +8,10 @@ smoke test decodes). Each repeat decodes with both back to back, who goes first
 alternating; ms/tok are medians over all decode steps (prefill and the first step left
 out), ratio the median of the pairs' ratios. "floor" is the time numpy takes to stream
 the model's weights once as float32 (one matrix-vector product per MatMulNBits weight,
-fastest of 5): numpy has no 4-bit or int8 BLAS, so workbench reads 8x the bytes
-onnxruntime reads, and a row near its floor is bound by that, not by the executor.
+fastest of 5): numpy has no 4-bit or int8 BLAS, so at levels 0-3 (weights dequantized
+once) workbench reads 8x the bytes onnxruntime reads, and a row near its floor is bound
+by that, not by the executor. Level 4 runs MLAS's int8 kernel compiled by numba over the
+4-bit bytes themselves (`ops/nbits_int8_jit.py`), so its rows can go below the floor.
 "logits" is the largest |difference| of the last step's logits over their largest value.
 """
 
