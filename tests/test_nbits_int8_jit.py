@@ -56,6 +56,10 @@ def test_compiled_kernel_is_its_numpy_emulation_bit_for_bit(form, K, N, with_zp,
         got = nbits_int8_jit.matmul(a, compiled, bias)
         assert got.shape == want.shape == (M, N)
         np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32), err_msg=f"run {run}")
+        into = np.full((M, N), np.nan, np.float32)  # a planned output buffer, written in place where N fills chunks
+        written = nbits_int8_jit.matmul(a, compiled, bias, into)
+        assert (written is into) == (compiled.nibbles.shape[0] * compiled.nibbles.shape[2] == N)
+        np.testing.assert_array_equal(written.view(np.int32), want.view(np.int32), err_msg=f"run {run} (into)")
 
 
 def test_the_compiled_kernels_can_be_turned_off(monkeypatch):

@@ -188,8 +188,12 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
             y = xp.zeros(a.shape[:-1] + (N,), dtype=F32)
         elif int8_weights is not None:  # MLAS adds the bias where its kernels do (`nbits_int8`)
             lead = a.shape[:-1]
-            y = nbits_int8.matmul(xp, a.astype(F32, copy=False).reshape(-1, K), int8_weights, bias)
-            return (emit(outs[0], y.reshape(lead + (N,)), dtype, like=a),)
+            out = outs[0]
+            into = out.reshape(-1, N) if out is not None and out.dtype == F32 and out.flags.c_contiguous else None
+            y = nbits_int8.matmul(xp, a.astype(F32, copy=False).reshape(-1, K), int8_weights, bias, into)
+            if into is not None and y is into:
+                return (out,)
+            return (emit(out, y.reshape(lead + (N,)), dtype, like=a),)
         else:
             wt = cached_wt if cached_wt is not None else dequantize(b, scales, zero_points, g_idx).T
             y = xp.matmul(a.astype(F32, copy=False), wt)

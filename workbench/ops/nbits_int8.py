@@ -181,14 +181,15 @@ def quantize_rows(xp: Any, a: Any, block: int, blocks: int) -> tuple[Any, Any]:
     return q, amax / _F32_127
 
 
-def matmul(xp: Any, a: Any, w: Int8Weights | Blk32Weights, bias: Any = None) -> Any:
-    """``A [M, K] @ W^T (+ bias)`` as CompInt8 (float32 ``[M, N]``)."""
+def matmul(xp: Any, a: Any, w: Int8Weights | Blk32Weights, bias: Any = None, into: Any = None) -> Any:
+    """``A [M, K] @ W^T (+ bias)`` as CompInt8 (float32 ``[M, N]``); the compiled kernel
+    writes straight into `into` where it can (`nbits_int8_jit.matmul`)."""
+    if isinstance(w, nbits_int8_jit.JitBlk32Weights):
+        return nbits_int8_jit.matmul(a, w, bias, into)
     if isinstance(w, Blk32Weights):
         return _matmul_blk32(xp, a, w, bias)
     if isinstance(w, nbits_int8_avx2.Avx2Blk32Weights):
         return nbits_int8_avx2.matmul(a, w, bias, quantize_rows)
-    if isinstance(w, nbits_int8_jit.JitBlk32Weights):
-        return nbits_int8_jit.matmul(a, w, bias)
     qa, sa = quantize_rows(xp, a, w.block, w.ints.shape[0])
     dots = xp.matmul(qa, w.ints)  # [blocks, M, N], exact integers
     dots *= sa * w.scales[:, None, :]  # each block's scale_a * scale_b, rounded once as MLAS does

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -63,6 +64,8 @@ class JitBlk32Weights:
     N: int
     K: int
     blocks: int
+    #: (thread, rows) -> A's quantized scratch (`_scratch`)
+    scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _chunk_width(n: int) -> int:
@@ -119,22 +122,28 @@ def _visit_order(blocks: int, form: str) -> np.ndarray:
     return np.array(rows, np.int64)
 
 
-def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.ndarray:
-    """``A [M, K] @ W^T (+ bias)`` as MLAS's AVX2 CompInt8 blklen-32 kernels (float32 [M, N])."""
+def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None, into: np.ndarray | None = None) -> np.ndarray:
+    """``A [M, K] @ W^T (+ bias)`` as MLAS's CompInt8 blklen-32 kernel of `w.form`
+    (float32 [M, N]): into `into` where that is a C-contiguous float32 [M, N] array and N
+    fills whole chunks, else a new array."""
     kernel = _kernels()
     m = a.shape[0]
     a = np.ascontiguousarray(a, F32)
-    qa = np.empty((m, w.blocks * _BLOCK), F32)
-    sa = np.empty((m, w.blocks), F32)
-    asum = np.empty((m, w.blocks), F32)
+    qa, sa, asum = _scratch(w, m)
     kernel.quantize(a, qa, sa, asum)
     has_bias = bias is not None
     chunks, _, width = w.nibbles.shape
     padded = chunks * width
-    b = np.zeros(padded if has_bias else width, F32)  # read in whole chunks; unread without a bias
     if has_bias:
+        b = np.zeros(padded, F32)  # read in whole chunks
         b[:w.N] = bias.reshape(-1)
-    y = np.empty((m, padded), F32)
+    else:
+        b = _NO_BIAS  # unread
+    if (into is not None and padded == w.N and into.dtype == F32 and into.shape == (m, w.N)
+            and into.flags.c_contiguous):
+        y = into
+    else:
+        y = np.empty((m, padded), F32)
     if w.form == "avx2":
         # MLAS computes rows in chunks of 128; a chunk of one row takes its M = 1 kernel
         alone = m % _STRIDE_M == 1
@@ -149,7 +158,23 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None) -> np.nda
         (kernel.split_avx2 if w.form == "avx2" else kernel.split_avx512)(*args, parts, chunks)
     else:
         columns(*args, 0, chunks)
-    return y[:, :w.N]
+    return y if padded == w.N else y[:, :w.N]
+
+
+_NO_BIAS = np.zeros(max(_WIDTHS), F32)
+_scratch_lock = threading.Lock()
+
+
+def _scratch(w: JitBlk32Weights, m: int) -> tuple:
+    """A's integers, scales and sums for `m` rows of `w`, kept per weight and thread
+    (a kernel call fills them before reading them; two threads never share them)."""
+    key = (threading.get_ident(), m)
+    held = w.scratch.get(key)
+    if held is None:
+        with _scratch_lock:
+            held = w.scratch[key] = (np.empty((m, w.blocks * _BLOCK), F32), np.empty((m, w.blocks), F32),
+                                     np.empty((m, w.blocks), F32))
+    return held
 
 
 @functools.cache
