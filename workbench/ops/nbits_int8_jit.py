@@ -326,21 +326,23 @@ def _kernels():
         for j in range(width):
             out[j] = v[j]
 
+    @inline
+    def layout(qa, sa, nibbles, n_total):
+        """A call's rows, blocks, chunk width, first one-column-kernel column, and its
+        scratch: a chunk row's folded sums, its BlkSum chain, a lane's 8 integers of A."""
+        width = nibbles.shape[2]
+        return (qa.shape[0], sa.shape[1], width, n_total - n_total % 4, np.empty(width, f32), np.empty(width, f32),
+                np.empty(8, f32))
+
     @jit
     def columns_avx2(qa, sa, asum, alone_last, nibbles, row_of, scales, zps, blk_sums, bias, has_bias, has_zp, n_total, y,
                      c_first, c_stop):
         """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX2 kernels.
         Several rows take the weights unsigned; a row alone (its M = 1 kernel) signed,
         ``q - zp``: the unsigned dot less zp times A's sum over the lane (exact)."""
-        m = qa.shape[0]
-        blocks = sa.shape[1]
+        m, blocks, width, single_from, v, chain, a = layout(qa, sa, nibbles, n_total)
         pairs = blocks // 2
-        width = nibbles.shape[2]
-        single_from = n_total - n_total % 4
         acc = np.empty((8, width), f32)
-        v = np.empty(width, f32)
-        chain = np.empty(width, f32)
-        a = np.empty(8, f32)
         for c in range(c_first, c_stop):
             w, sc_c, zp_c = nibbles[c], scales[c], zps[c]
             col0 = c * width
@@ -384,17 +386,11 @@ def _kernels():
     def columns_avx512(qa, sa, asum, nibbles, scales, blk_sums, bias, has_bias, n_total, y, c_first, c_stop):
         """Column chunks ``c_first <= c < c_stop`` of every row of y, MLAS's AVX-512 kernel
         (unsigned weights)."""
-        m = qa.shape[0]
-        blocks = sa.shape[1]
+        m, blocks, width, single_from, v, chain, a = layout(qa, sa, nibbles, n_total)
         groups = blocks // 4
-        width = nibbles.shape[2]
-        single_from = n_total - n_total % 4
         acc = np.empty((16, width), f32)
         x = np.empty((8, width), f32)
-        v = np.empty(width, f32)
-        chain = np.empty(width, f32)
         no_zp = np.zeros(width, f32)
-        a = np.empty(8, f32)
         for c in range(c_first, c_stop):
             w, sc_c = nibbles[c], scales[c]
             col0 = c * width
