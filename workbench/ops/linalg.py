@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import NUMERIC
+from . import matvec_jit
 from .registry import KernelFn, NodeInfo, register
 
 F16 = np.dtype(np.float16)
@@ -44,8 +45,31 @@ def build_matmul(info: NodeInfo) -> KernelFn:
             return (_emit(outs[0], product, F16),)
         return run_half
 
+    weight = info.initializer_inputs.get(1)
+    if (xp is np and not info.onnxruntime_rounding and info.input_dtypes[0] == F32 and weight is not None
+            and weight.dtype == F32 and weight.ndim == 2 and weight.size >= matvec_jit.MIN_WEIGHTS
+            and weight.T.flags.c_contiguous and matvec_jit.available()):
+        return _matvec_or_matmul(weight)
+
     def run(inputs: list, outs: list) -> tuple:
         return (xp.matmul(inputs[0], inputs[1], out=outs[0]),)
+    return run
+
+
+def _matvec_or_matmul(weight: np.ndarray) -> KernelFn:
+    """A float32 MatMul by a constant column-major weight: one row at a time compiled
+    (`matvec_jit`), anything else numpy's."""
+    rows = weight.T  # (N, K), contiguous
+    n, k = rows.shape
+
+    def run(inputs: list, outs: list) -> tuple:
+        x, w, out = inputs[0], inputs[1], outs[0]
+        if (w is weight and x.dtype == F32 and x.size == k and x.flags.c_contiguous and x.ndim >= 1
+                and (out is None or (out.dtype == F32 and out.flags.c_contiguous and out.size == n))):
+            y = out if out is not None else np.empty(x.shape[:-1] + (n,), F32)
+            matvec_jit.product(x.reshape(k), rows, y.reshape(n))
+            return (y,)
+        return (np.matmul(x, w, out=out),)
     return run
 
 

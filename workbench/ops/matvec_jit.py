@@ -1,0 +1,69 @@
+"""One-row float32 products by a constant weight, compiled by numba: a decode step's
+``x @ W`` with W in the column-major layout the load-time optimizer gives it
+(`rewrite.matvec_layout`: ``W.T`` contiguous, one output's K weights side by side).
+
+numpy hands such a product to its BLAS's sgemv, which on these 2-core machines
+streams SmolLM2-135M's float32 weights in ~20 ms a token (onnxruntime's whole step is
+~18 ms). Here each output is one dot over its contiguous row, the rows split between
+two threads (numba's parallel loop on a thread-safe layer, else one thread); the sums
+are reassociated (vectorised), so a product differs from BLAS's in the last bits, as
+BLAS's differs from onnxruntime's: a float model keeps "within a few ulps". Models that
+ask for onnxruntime's rounding never come here. `WORKBENCH_NUMBA=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import mlas_jit
+
+F32 = np.dtype(np.float32)
+#: weights (N x K) from which the compiled product is taken (smaller ones: BLAS's call
+#: costs less than a parallel loop's start)
+MIN_WEIGHTS = 1 << 17
+
+
+def available() -> bool:
+    """numba may be used (`mlas_jit.enabled`) and its kernel compiles and agrees with
+    numpy on a small case, once per process."""
+    return mlas_jit.enabled() and _self_checked()
+
+
+@functools.cache
+def _self_checked() -> bool:
+    r = np.random.default_rng(3)
+    w = r.standard_normal((300, 200)).astype(F32)
+    x = r.standard_normal(200).astype(F32)
+    y = np.empty(300, F32)
+    _kernels()(x, w, y)
+    return bool(np.allclose(y, w @ x, rtol=1e-5, atol=1e-5))
+
+
+def product(x: np.ndarray, w_rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``y[n] = sum_k x[k] w_rows[n, k]`` for contiguous float32 `x` (K,), `w_rows`
+    (N, K) and `y` (N,)."""
+    return _kernels()(x, w_rows, y)
+
+
+@functools.cache
+def _kernels():
+    import numba
+
+    from .nbits_int8_jit import _kernels as nbits_kernels
+
+    nbits_kernels()  # settles numba's threading layer (a thread-safe one, or none)
+    threaded = nbits_kernels().threaded
+    zero = np.float32(0.0)
+
+    def rows(x, w, y):
+        for n in numba.prange(w.shape[0]):
+            row = w[n]
+            s = zero
+            for k in range(row.shape[0]):
+                s += x[k] * row[k]
+            y[n] = s
+        return y
+
+    return numba.njit(nogil=True, cache=True, parallel=threaded, fastmath={"reassoc", "contract"})(rows)
