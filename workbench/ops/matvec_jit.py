@@ -17,7 +17,7 @@ import functools
 
 import numpy as np
 
-from . import mlas_jit
+from . import numba_support
 
 F32 = np.dtype(np.float32)
 #: weights (N x K) from which the compiled product is taken (smaller ones: BLAS's call
@@ -26,9 +26,9 @@ MIN_WEIGHTS = 1 << 17
 
 
 def available() -> bool:
-    """numba may be used (`mlas_jit.enabled`) and its kernel compiles and agrees with
-    numpy on a small case, once per process."""
-    return mlas_jit.enabled() and _self_checked()
+    """numba may be used (`numba_support.enabled`) and its kernel compiles and agrees
+    with numpy on a small case, once per process."""
+    return numba_support.enabled() and _self_checked()
 
 
 @functools.cache
@@ -51,10 +51,6 @@ def product(x: np.ndarray, w_rows: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _kernels():
     import numba
 
-    from .nbits_int8_jit import _kernels as nbits_kernels
-
-    nbits_kernels()  # settles numba's threading layer (a thread-safe one, or none)
-    threaded = nbits_kernels().threaded
     zero = np.float32(0.0)
 
     def rows(x, w, y):
@@ -66,4 +62,4 @@ def _kernels():
             y[n] = s
         return y
 
-    return numba.njit(nogil=True, cache=True, parallel=threaded, fastmath={"reassoc", "contract"})(rows)
+    return numba.njit(nogil=True, cache=True, parallel=numba_support.parallel(), fastmath={"reassoc", "contract"})(rows)

@@ -8,39 +8,23 @@ sums checked for double rounding); a step of SmolLM2-135M's int4 export ran 30 o
 Here every fma MLAS takes is one ``llvm.fma.f32`` (`fma32`, exact on any CPU) and
 nothing else is fused: the kernels compile without fast-math, so each other product
 and sum rounds as written, in the emulation's order. `available` holds each twin to
-its emulation once per process (`WORKBENCH_NUMBA=0` or no numba: the emulation runs).
+its emulation once per process (`numba_support.enabled` false: the emulation runs).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import numpy as np
 
+from . import numba_support
+
 F32 = np.dtype(np.float32)
-_OFF = frozenset({"0", "false", "no", "off"})
-
-
-def enabled() -> bool:
-    """numba's kernels may be used: not turned off by ``WORKBENCH_NUMBA=0``, numba importable."""
-    return os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() not in _OFF and _importable()
-
-
-@functools.cache
-def _importable() -> bool:
-    try:
-        import numba  # noqa: F401
-    except ImportError:  # e.g. the GPU image: the numpy emulations
-        return False
-    return True
-
-
 def available(name: str) -> bool:
     """Whether the compiled `name` ("logistic", "sum_of_squares", "rotate_pair",
     "decode_attention") is taken."""
-    return enabled() and _self_checked(name)
+    return numba_support.enabled() and _self_checked(name)
 
 
 @functools.cache

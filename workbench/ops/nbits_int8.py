@@ -139,7 +139,7 @@ def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, b
             return nbits_int8_jit.prepare(q, scales32, zp, zero_points is not None, K, isa)
         if isa == "avx2":  # MLAS's AVX2 kernels, emulated by numpy
             return nbits_int8_avx2.prepare(q, scales32, zp, zero_points is not None, K)
-        return _prepare_blk32(xp, q, scales32, zp, K)
+        return prepare_blk32(xp, q, scales32, zp, K)
     ints = (q.astype(np.int16) - zp[:, :, None]).reshape(N, k_blocks * block_size)
     ints[:, K:] = 0  # past K: A's zero padding times anything, kept exactly zero
     a_blocks = k_blocks * (block_size // a_block)
@@ -149,7 +149,9 @@ def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, b
     return Int8Weights(laid, sc, a_block, K)
 
 
-def _prepare_blk32(xp: Any, q: Any, scales: Any, zp: Any, K: int) -> Blk32Weights:
+def prepare_blk32(xp: Any, q: Any, scales: Any, zp: Any, K: int) -> Blk32Weights:
+    """The AVX-512 kernel's layout (`Blk32Weights`) of ``q [N, blocks, 32]`` (unsigned),
+    float32 ``scales [N, blocks]`` and zero points ``zp [N, blocks]``."""
     N, k_blocks, block = q.shape
     groups = k_blocks // _GROUP
     span = _GROUP * block

@@ -5,8 +5,8 @@ the numpy emulations, bit for bit, at a fraction of their cost.
 numpy has no fma and no int8 products, so `nbits_int8` (MLAS's AVX-512 kernel) and
 `nbits_int8_avx2` (its AVX2 kernels) stream the weights' integers as float32 (4 bytes
 a weight) and emulate each fma with float64 passes: SmolLM2-135M's int4 export took
-~140 ms a token there against onnxruntime's ~6. Here the weights' integers are int8,
-each output column's float32 lanes stay in cache, and every ``lane = fma(dot,
+~140 ms a token there against onnxruntime's ~6. Here the weights are onnxruntime's own
+4-bit bytes, each output column's float32 lanes stay in cache, and every ``lane = fma(dot,
 fl(scale_a * scale_b), lane)`` is one hardware fma: numba compiles with LLVM's
 ``contract`` flag only (no reassociation), so ``x * y + z`` becomes ``fma(x, y, z)``
 on the CPUs these kernels are taken on (x86-64 with FMA3), and `available` checks
@@ -21,18 +21,20 @@ Two forms, named by the MLAS kernel they are (`mlas_isa.isa`):
 
 A is quantized per block as `nbits_int8.quantize_rows` does. The integer dots are exact
 in float32 (|dot| < 2^14), so summing them in any order is the same value.
-`WORKBENCH_NUMBA=0` turns this off (the numpy emulations are taken): tests run both.
+`WORKBENCH_NUMBA=0` turns this off (`numba_support.enabled`: the numpy emulations are
+taken); tests run both.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 import warnings
 
 import numpy as np
+
+from . import numba_support
 
 F32 = np.dtype(np.float32)
 #: the chunk widths a weight's columns may be cut in (`_chunk_width`)
@@ -40,7 +42,6 @@ _WIDTHS = (256, 192, 128, 64)
 _BLOCK = 32
 #: MLAS's row chunk (``MlasQNBitGemmBatch``'s StrideM): a chunk of one row takes the M = 1 kernel
 _STRIDE_M = 128
-_OFF = frozenset({"0", "false", "no", "off"})
 #: weights (N x K) from which a call splits its columns between two threads
 _SPLIT_WEIGHTS = 1 << 18
 
@@ -153,8 +154,8 @@ def matmul(a: np.ndarray, w: JitBlk32Weights, bias: np.ndarray | None, into: np.
     else:
         columns = kernel.columns_avx512
         args = (qa, sa, asum, w.nibbles, w.scales, w.blk_sums, b, has_bias, w.N, y)
-    parts = min(_threads(), chunks) if w.N * w.K * m >= _SPLIT_WEIGHTS else 1
-    if parts > 1 and kernel.threaded:
+    parts = min(numba_support.threads(), chunks) if w.N * w.K * m >= _SPLIT_WEIGHTS else 1
+    if parts > 1 and numba_support.parallel():
         (kernel.split_avx2 if w.form == "avx2" else kernel.split_avx512)(*args, parts, chunks)
     else:
         columns(*args, 0, chunks)
@@ -177,24 +178,15 @@ def _scratch(w: JitBlk32Weights, m: int) -> tuple:
     return held
 
 
-@functools.cache
-def _threads() -> int:
-    return min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
 def available(form: str) -> bool:
     """Whether the compiled kernel of `form` is taken: numba importable, not turned off
     by ``WORKBENCH_NUMBA=0``, and found bit for bit its numpy emulation on small cases
     (every row kind, odd and partial block groups, a one-column fold) once per process."""
-    return os.environ.get("WORKBENCH_NUMBA", "1").strip().lower() not in _OFF and _self_checked(form)
+    return numba_support.enabled() and _self_checked(form)
 
 
 @functools.cache
 def _self_checked(form: str) -> bool:
-    try:
-        _kernels()
-    except ImportError:  # numba not installed (e.g. a GPU image): the numpy emulation
-        return False
     r = np.random.default_rng(7)
     for k, n in ((96, 70), (232, 9)):
         blocks = -(-k // _BLOCK)
@@ -225,14 +217,14 @@ def emulated(a: np.ndarray, q: np.ndarray, scales: np.ndarray, zp: np.ndarray, h
     if form == "avx2":
         w = nbits_int8_avx2.prepare(q, scales, zp, has_zero_points, K)
         return nbits_int8_avx2.matmul(a, w, bias, nbits_int8.quantize_rows)
-    return nbits_int8.matmul(np, a, nbits_int8._prepare_blk32(np, q, scales, zp, K), bias)
+    return nbits_int8.matmul(np, a, nbits_int8.prepare_blk32(np, q, scales, zp, K), bias)
 
 
 @functools.cache
 def _kernels():
     """The compiled kernels (numba imported and the functions jitted on first use).
 
-    Every inner loop runs over a chunk's 64 columns through 1-D views, so LLVM sees
+    Every inner loop runs over a chunk's columns through 1-D views, so LLVM sees
     contiguous, non-negative indices and vectorizes it (an index computed into a 2-D
     array becomes a gather)."""
     import numba
@@ -420,9 +412,7 @@ def _kernels():
                 finish(v, y[r, col0:col0 + width], bias[col0:col0 + width], has_bias, True, asum[r], blk_sums[c],
                        chain)
 
-    # a weight's column chunks split between threads: numba's parallel loops, on a
-    # thread-safe layer only (OpenMP or TBB; workbench may run sessions from several
-    # threads), else every call runs on the caller's thread
+    # a weight's column chunks split between threads (used where `numba_support.parallel`)
     split = functools.partial(numba.njit, nogil=True, cache=True, parallel=True)
 
     @split
@@ -438,30 +428,7 @@ def _kernels():
             columns_avx512(qa, sa, asum, nibbles, scales, blk_sums, bias, has_bias, n_total, y,
                            chunks * part // parts, chunks * (part + 1) // parts)
 
-    return _Kernels(quantize, columns_avx2, columns_avx512, split_avx2, split_avx512, _threadsafe_layer(numba))
-
-
-def _threadsafe_layer(numba) -> bool:
-    """Whether numba's parallel loops run on a thread-safe layer here (asks for one where
-    the user has not chosen a layer; its workqueue layer aborts on concurrent use)."""
-    chosen = numba.config.THREADING_LAYER
-    if chosen == "default":
-        numba.config.THREADING_LAYER = "threadsafe"
-    elif chosen not in ("threadsafe", "omp", "tbb"):
-        return False
-    prange = numba.prange
-
-    def probe(x):
-        for i in prange(x.shape[0]):
-            x[i] += 1.0
-        return x
-
-    try:
-        numba.njit(parallel=True)(probe)(np.zeros(2))
-        return numba.threading_layer() in ("omp", "tbb")
-    except (ValueError, ImportError, RuntimeError):  # neither installed: leave numba as it was
-        numba.config.THREADING_LAYER = chosen
-        return False
+    return _Kernels(quantize, columns_avx2, columns_avx512, split_avx2, split_avx512)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,4 +438,3 @@ class _Kernels:
     columns_avx512: object
     split_avx2: object
     split_avx512: object
-    threaded: bool
