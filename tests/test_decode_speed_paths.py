@@ -231,9 +231,9 @@ def test_gqa_growing_cache_fed_back_as_a_decode_loop_does_vs_onnxruntime(monkeyp
     served = []
     real = gqa_host_decode.HostDecode.run
 
-    def spy(plan, inputs, outs, present_shape, shared, window):
+    def spy(plan, inputs, outs, present_shape, shared, window, bias=None):
         served.append(shared is gqa.NOT_SHARED)
-        return real(plan, inputs, outs, present_shape, shared, window)
+        return real(plan, inputs, outs, present_shape, shared, window, bias)
     monkeypatch.setattr(gqa_host_decode.HostDecode, "run", spy)
     model, _ = _growing_gqa_session(6, 2, 16, 32, "split")
     # an input of the present's length (as a decode model's attention mask) names it, so
@@ -359,7 +359,8 @@ def test_look_alike_gqa_layers_keep_their_own_prepared_call_vs_onnxruntime(monke
 def test_gqa_layers_share_one_rotation_matrix_filled_once_a_step_vs_onnxruntime(monkeypatch):
     """Layers reading the same constant cos/sin caches rotate through one shared matrix,
     refilled only when the position moves (once a step, not once a layer); positions
-    that repeat and jump ahead, every run against onnxruntime."""
+    that repeat and jump ahead, every run against onnxruntime. numpy's arithmetic
+    (rounding "never"): by default the compiled MLAS rotation runs where numba is."""
     seen = []
     real = rotary_matrix.RotationMatrix.at
 
@@ -368,7 +369,8 @@ def test_gqa_layers_share_one_rotation_matrix_filled_once_a_step_vs_onnxruntime(
         return real(rotation, position)
     monkeypatch.setattr(rotary_matrix.RotationMatrix, "at", spy)
     model, _, _ = _two_layer_gqa_model()
-    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False,
+                                                               onnxruntime_rounding="never"))
     positions = [2, 3, 3, 9, 10, 10, 11, 17]
     _two_layers_on_bound_caches_vs_onnxruntime(session, model, positions)
     assert len({matrix for matrix, _, _ in seen}) == 1, "the two layers must share one matrix"

@@ -319,3 +319,65 @@ def test_sgemm_steps_k_in_mlas_panels(n, k, panel):
     """MLAS's SGEMM trades its N and K strides (128 each) by the shape: P x V over 300
     keys at head size 64 is two panels (256 + 44), at head size 128 three."""
     assert mlas_attention.stride_k(n, k) == panel
+
+
+def _computed_mask_model(heads: int, bias_heads: int) -> object:
+    """A one-token GroupQueryAttention as transformers' exporter leaves it after
+    onnxruntime's CPU fusions: the cos/sin caches and the attention bias are graph
+    inputs here (the export computes them every step, so each step brings new arrays),
+    separate Q/K/V, a growing cache."""
+    names = ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total", "cos", "sin", "", "bias"]
+    node = helper.make_node("GroupQueryAttention", names, ["attn", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=heads, kv_num_heads=KV_HEADS, do_rotary=1)
+    inputs = [tensor("q", [1, 1, heads * HEAD]), tensor("k", [1, 1, KV_HEADS * HEAD]),
+              tensor("v", [1, 1, KV_HEADS * HEAD]), tensor("past_key", [1, KV_HEADS, "past", HEAD]),
+              tensor("past_value", [1, KV_HEADS, "past", HEAD]), tensor("seqlens_k", [1], TensorProto.INT32),
+              tensor("total", [], TensorProto.INT32), tensor("cos", ["rows", HEAD // 2]),
+              tensor("sin", ["rows", HEAD // 2]), tensor("bias", [1, bias_heads, 1, "total"])]
+    graph = helper.make_graph([node], "gqa", inputs,
+                              [tensor("attn", None), tensor("present_key", None), tensor("present_value", None)])
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("bias_heads", [1, HEADS], ids=["one mask row", "a mask row per head"])
+def test_decode_with_a_computed_mask_and_rotary_caches_takes_the_prepared_call(compiled, bias_heads, monkeypatch):
+    """Default options (no requantization, so no rounding asked): a plain run loop on a
+    growing cache whose cos/sin caches and attention bias are new arrays every step (Q, K
+    and V refilled in place) is served by one prepared call (`HostDecode`, prepared once: those arrays are read at
+    each call), which takes MLAS's compiled kernels where numba is (onnxruntime's
+    rounding, bit for bit) and numpy's arithmetic elsewhere (within tolerance)."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
+    served, prepared = [], []
+    real_run, real_prepare = gqa_host_decode.HostDecode.run, gqa_host_decode.HostDecode.prepare.__func__
+    monkeypatch.setattr(gqa_host_decode.HostDecode, "run",
+                        lambda plan, *a, **k: served.append(1) or real_run(plan, *a, **k))
+    monkeypatch.setattr(gqa_host_decode.HostDecode, "prepare",
+                        classmethod(lambda cls, *a, **k: prepared.append(1) or real_prepare(cls, *a, **k)))
+    model = _computed_mask_model(HEADS, bias_heads)
+    ours, peer = workbench.InferenceSession(model), _peer(model)
+    rng = np.random.default_rng(17 + bias_heads)
+    past = 9
+    key = (rng.standard_normal((1, KV_HEADS, past, HEAD)) * 3).astype(F32)
+    value = rng.standard_normal((1, KV_HEADS, past, HEAD)).astype(F32)
+    cos_all, sin_all = _caches()
+    q, k, v = (np.empty((1, 1, n * HEAD), F32) for n in (HEADS, KV_HEADS, KV_HEADS))  # refilled in place
+    steps = 2 * RUNS
+    for step in range(steps):
+        total = past + step + 1
+        mask = np.where(rng.random((1, bias_heads, 1, total)) < 0.2, np.finfo(F32).min, 0).astype(F32)
+        mask[..., -1] = 0  # the new token sees itself
+        q[...], k[...], v[...] = (rng.standard_normal(x.shape) * scale for x, scale in ((q, 3), (k, 3), (v, 1)))
+        feeds = {"q": q, "k": k, "v": v, "past_key": key, "past_value": value, "seqlens_k": np.array([total - 1], np.int32),
+                 "total": np.array(total, np.int32), "cos": cos_all[:total].copy(), "sin": sin_all[:total].copy(),
+                 "bias": mask}
+        want = peer.run(None, {k: v.copy() for k, v in feeds.items()})
+        got = ours.run(None, feeds)
+        for name, g, w in zip(("attn", "present_key", "present_value"), got, want):
+            if compiled:
+                _agree(g, w, f"step {step}: {name}")
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"step {step}: {name}")
+        key, value = got[1], got[2]
+    assert len(served) == steps, "every step must take the prepared call for this to bite"
+    assert len(prepared) == 1, "the cos/sin caches and the mask are read per call, not prepared for"

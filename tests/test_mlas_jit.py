@@ -70,6 +70,37 @@ def test_compiled_decode_attention_is_the_emulation_bit_for_bit(kv, group, keys,
         _same_bits(out, want)
 
 
+@pytest.mark.parametrize("kernel", ["fma3", "avx512"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["one bias row", "a row per head"])
+def test_compiled_decode_attention_adds_a_bias_as_the_emulation(kernel, per_head, monkeypatch):
+    """An attention bias (a graph's causal mask: zeros and float32's lowest, or any
+    values), broadcast from one row or one per head, read as the strided view the
+    prepared decode passes (`bias[0, :, 0, :total]` of a wider mask)."""
+    wide = "avx512" if kernel == "avx512" else "avx2"
+    monkeypatch.setattr(mlas_isa, "isa", lambda: wide)
+    monkeypatch.setattr(mlas_attention, "isa", lambda: wide)
+    kv, group, keys, head = 2, 3, 29, 16
+    r = np.random.default_rng([kv, group, keys, head, per_head, kernel == "avx512"])
+    q = np.empty((kv, group, head), np.float32)
+    cache_k = np.empty((kv, keys, head), np.float32)
+    cache_v = np.empty_like(cache_k)
+    mask = np.empty((1, kv * group if per_head else 1, 1, keys + 5), np.float32)
+    out = np.empty((kv, group, head), np.float32)
+    for run in range(RUNS):
+        q[...] = r.standard_normal(q.shape) * 3
+        cache_k[...] = r.standard_normal(cache_k.shape) * 3
+        cache_v[...] = r.standard_normal(cache_v.shape)
+        mask[...] = r.standard_normal(mask.shape) * (0 if run % 2 else 2)
+        mask[..., keys - run - 1:] = np.finfo(np.float32).min  # the later keys masked out
+        rows = mask[0, :, 0, :keys]
+        bias = rows.reshape(kv, group, keys) if per_head else rows.reshape(1, 1, keys)
+        window = 3 if run == 5 else 0
+        want = mlas_attention.decode_attention_emulated(q, cache_k, cache_v, 0.125, window, bias)
+        got = mlas_jit.decode_attention(q, cache_k, cache_v, 0.125, window, out, bias)
+        _same_bits(out, want)
+        assert got is out
+
+
 def test_compiled_rotation_is_the_emulation_bit_for_bit():
     """MLAS's rotary embedding of non-interleaved halves (fma(x1, cos, -(x2 sin)),
     fma(x1, sin, x2 cos)), on strided views as the prepared decode passes them."""

@@ -93,7 +93,7 @@ class Executor(DecodeMemoSteps):
         #: whether float32 kernels round as onnxruntime's (`SessionOptions.onnxruntime_rounding`)
         self.onnxruntime_rounding = rounding == "always" or (rounding == "auto" and requantizes_activations(graph))
         self.plan: Plan = build_plan(graph, backend.xp, self.cache, self._subgraph_runner,
-                                     self.onnxruntime_rounding)
+                                     self.onnxruntime_rounding, rounding != "never")
         #: outputs of Ifs that may be skipped: never lent to an in-place write
         self._skippable_outputs = {o for p in self.plan.nodes if p.skippable_if for o in p.outputs if o >= 0}
         #: skip an If whose predicate is unchanged (off for shadow re-execution)

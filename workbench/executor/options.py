@@ -85,8 +85,10 @@ class SessionOptions:
     #: float32 on the host rounded as onnxruntime's CPU kernels round it, bit for bit
     #: (Sigmoid, QuickGelu, the RMS norms): "auto" where the model quantizes activations
     #: at run time (MatMulNBits at accuracy_level 4, DynamicQuantizeLinear, ...), whose
-    #: integers one ulp upstream can change; "always"; or "never" (numpy's arithmetic,
-    #: within a few ulps, faster) (WORKBENCH_ONNXRUNTIME_ROUNDING)
+    #: integers one ulp upstream can change, and elsewhere where onnxruntime's rounding is
+    #: also the faster form (a compiled kernel: GroupQueryAttention's one-token decode);
+    #: "always"; or "never" (numpy's arithmetic, within a few ulps)
+    #: (WORKBENCH_ONNXRUNTIME_ROUNDING)
     onnxruntime_rounding: str = field(
         default_factory=lambda: os.environ.get("WORKBENCH_ONNXRUNTIME_ROUNDING", "auto"))
 

@@ -114,7 +114,7 @@ def _cache_key(spec: KernelSpec, info: NodeInfo) -> Any:
     weights = tuple(sorted((i, id(v)) for i, v in info.initializer_inputs.items()))
     return (id(spec), info.domain, info.op_type, info.opset, info.input_dtypes,
             info.output_dtypes, info.input_shapes, info.output_shapes, info.output_used, info.input_present,
-            info.onnxruntime_rounding, attrs, consts, weights)
+            info.onnxruntime_rounding, info.faster_onnxruntime_rounding, attrs, consts, weights)
 
 
 def _freeze(v: Any) -> Any:
@@ -127,12 +127,13 @@ def _freeze(v: Any) -> Any:
 
 
 def build_plan(graph: Graph, xp: Any, cache: KernelCache,
-               make_subgraph_runner: Callable | None = None, onnxruntime_rounding: bool = True) -> Plan:
+               make_subgraph_runner: Callable | None = None, onnxruntime_rounding: bool = True,
+               faster_onnxruntime_rounding: bool = True) -> Plan:
     order = topological_order(graph)
     missing: dict[tuple[str, str, int], list[str]] = {}
     nodes: list[PlanNode] = []
     for node in order:
-        info = node_info(graph, node, xp, make_subgraph_runner, onnxruntime_rounding)
+        info = node_info(graph, node, xp, make_subgraph_runner, onnxruntime_rounding, faster_onnxruntime_rounding)
         spec = registry.find_native(info)
         fn = None
         if spec is not None:

@@ -20,8 +20,9 @@ onnxruntime's instead, as the general path computes them then: the rotation
 `ort_float32.rotate_pair` (``exact_rotary``) and the attention MLAS's decode kernel
 (`mlas_attention.decode_attention`, ``exact_attention``). Only the plain
 configuration is taken here: full non-interleaved rotary or none, no softcap,
-attention bias, head sink or smooth softmax, and one float dtype throughout; anything
-else returns None and goes the general way.
+head sink or smooth softmax, and one float dtype throughout; anything else returns None
+and goes the general way. An attention bias (a mask computed by the graph, new every
+step) is read at each call, as the general path reads it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def _query_and_key_rows(query: np.ndarray, key: np.ndarray | None, q_hidden: int
             or start + length > base.nbytes or start % query.itemsize):
         return None
     return base.reshape(-1).view(np.uint8)[start:start + length].view(query.dtype)
+
+
+def bias_rows(attention_bias: np.ndarray | None, num_heads: int) -> np.ndarray | None | bool:
+    """One new token's attention bias as (heads | 1, width) rows (a view), None where
+    there is none, False where its shape is not (1, heads | 1, 1, width):
+    the one-token paths then do not apply."""
+    if attention_bias is None:
+        return None
+    shape = attention_bias.shape
+    if len(shape) != 4 or shape[0] != 1 or shape[2] != 1 or shape[1] not in (1, num_heads):
+        return False
+    return attention_bias[0, :, 0]
 
 
 def caches_in(dtype: np.dtype, caches: tuple) -> bool:
@@ -95,7 +108,7 @@ def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_r
 class HostDecode:
     """The views and scratch of one set of arrays; `run` is one decode call."""
 
-    __slots__ = ("alpha", "cos", "sin", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
+    __slots__ = ("alpha", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
                  "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out", "exact_rotary", "exact_attention",
                  "rotate_into")
 
@@ -133,7 +146,7 @@ class HostDecode:
             v_rows = value.reshape(-1)
         self.v_rows = v_rows.reshape(kv_heads, head_size)
         self.out = out.reshape(kv_heads, group, head_size)
-        self.cos = self.sin = self.rotation = self.rows = self.halves = self.swapped_halves = self.pair = None
+        self.rotation = self.rows = self.halves = self.swapped_halves = self.pair = None
         if not rotary:
             self.rotated = self.rotated_rows = self.swapped = None
             self.q = query.reshape(-1)[:q_hidden].reshape(kv_heads, group, head_size)
@@ -153,56 +166,78 @@ class HostDecode:
             source = self.pair[2]
         self.halves = source.reshape(rows, 2, half)
         self.swapped_halves = self.halves[:, ::-1]
-        self.cos, self.sin = cos_cache, sin_cache
         if not exact_rotary and rotation is not None and rotation.cos is cos_cache and rotation.sin is sin_cache:
             self.rotation, self.rows = rotation, source.reshape(rows, head_size)
         self.rotated = np.empty((rows, 2, half), ct)
-        self.swapped = np.empty((rows, 2, half), ct) if self.rotation is None else None  # elementwise form's scratch
+        self.swapped = np.empty((rows, 2, half), ct)  # the elementwise form's scratch
         flat = self.rotated_rows = self.rotated.reshape(rows, head_size)
         self.q = flat[:num_heads].reshape(kv_heads, group, head_size)
         self.k_rows = flat[num_heads:]
         return self
 
-    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int) -> list:
+    def grouped(self, rows: np.ndarray) -> np.ndarray:
+        """`bias_rows`' (heads | 1, n) as the scores' (KV | 1, G | 1, n)."""
+        kv_heads, group = self.out.shape[:2]
+        if rows.shape[0] == 1:
+            return rows.reshape(1, 1, rows.shape[-1])
+        return rows.reshape(kv_heads, group, rows.shape[-1])
+
+    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int,
+            bias: np.ndarray | None = None) -> list | None:
         """One call, on caches in the compute dtype (`caches_in`): rotate, write the new K/V row at
         pos = seqlens_k[0], attend over rows 0..pos (the last `window` of them, for a
-        positive local window), into the output buffer."""
+        positive local window) with `bias` (`bias_rows`) added to the scores, into the
+        output buffer. None, with nothing written, where onnxruntime's rounding is asked
+        and the bias is narrower than the rows attended (the general path pads it)."""
         past_key, past_value, seqlens_k = inputs[3], inputs[4], inputs[5]
         position_ids = inputs[9] if len(inputs) > 9 else None
         exact_rotary, exact_attention = self.exact_rotary, self.exact_attention  # flags `prepare` fixed
         p = numpy_first_int(seqlens_k)  # read every call: a recorded launch re-runs the kernel each replay
         present_len = present_shape[2]
         pos = min(max(p, 0), present_len - 1)
+        if bias is not None and exact_attention and bias.shape[-1] <= pos:
+            return None
+        if self.halves is not None:  # the caches read at each call (a graph may compute them every step)
+            cos, sin = inputs[7], inputs[8]
+            if (cos.dtype != self.rotated.dtype or cos.ndim != 2 or sin.shape != cos.shape or sin.dtype != cos.dtype
+                    or cos.shape[1] != self.rotated.shape[2]):
+                return None
         if self.halves is not None:
             r = p if position_ids is None else numpy_first_int(position_ids)
-            r = min(max(r, 0), self.cos.shape[0] - 1)
+            r = min(max(r, 0), cos.shape[0] - 1)
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
             if exact_rotary:  # MLAS's rotary kernel's rounding
                 if self.rotate_into is not None:
-                    self.rotate_into(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r],
+                    self.rotate_into(self.halves[:, 0], self.halves[:, 1], cos[r], sin[r],
                                      self.rotated[:, 0], self.rotated[:, 1])
                 else:
-                    real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], self.cos[r], self.sin[r])
+                    real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], cos[r], sin[r])
                     self.rotated[:, 0] = real
                     self.rotated[:, 1] = imag
-            elif self.rotation is not None:  # constant caches: one product (`rotary_matrix`)
+            elif self.rotation is not None and self.rotation.cos is cos and self.rotation.sin is sin:
+                # the model's constant caches: one product (`rotary_matrix`)
                 np.matmul(self.rows, self.rotation.at(r), out=self.rotated_rows)
             else:
-                np.multiply(self.halves, self.cos[r], out=self.rotated)
-                np.multiply(self.swapped_halves, self.sin[r] * SIGNS, out=self.swapped)
+                np.multiply(self.halves, cos[r], out=self.rotated)
+                np.multiply(self.swapped_halves, sin[r] * SIGNS, out=self.swapped)
                 np.add(self.rotated, self.swapped, out=self.rotated)
 
         presents = write_presents(outs, past_key, past_value, self.k_rows, self.v_rows, present_shape, shared, pos)
 
         if exact_attention:  # every row 0..pos, the window's masked as onnxruntime masks them
             total = pos + 1
+            if bias is not None:
+                bias = self.grouped(bias[:, :total].astype(np.float32, copy=False))
             exact_attention(self.q, presents[0][0, :, :total], presents[1][0, :, :total], self.alpha,
-                             total - window if 0 < window < total else 0, out=self.out)
+                            total - window if 0 < window < total else 0, bias, out=self.out)
             return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
         start = max(pos - window + 1, 0) if window > 0 else 0
         scores = np.matmul(self.q, presents[0][0, :, start:pos + 1].transpose(0, 2, 1))
         scores *= self.alpha  # [KV, G, n]
+        if bias is not None and bias.shape[-1] > start:  # its first columns; past them zeros, as the general path
+            columns = self.grouped(bias[:, start:pos + 1])
+            scores[..., :columns.shape[-1]] += columns.astype(scores.dtype, copy=False)
         scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= np.add.reduce(scores, axis=-1, keepdims=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..addresses import SameArrays, items_at
 from ..errors import KernelError
-from . import mlas_attention, mlas_isa
+from . import mlas_attention, mlas_isa, mlas_jit
 from .attention_math import _clamp, _first_int, _host_int, _masked_softmax, _overlap, _same_buffer, _softcap
 from .contrib import (
     F32,
@@ -47,7 +47,7 @@ from .contrib import (
     pad_inputs,
     used,
 )
-from .gqa_host_decode import HostDecode, caches_in, write_presents
+from .gqa_host_decode import HostDecode, bias_rows, caches_in, write_presents
 from .registry import (
     CAPTURE_SUPPORTED,
     CaptureVerdict,
@@ -255,6 +255,13 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # (`mlas_attention`; softcap and smooth softmax take onnxruntime's other path)
     exact_rotary = onnxruntime_rotary(info)
     exact_attention = exact_rotary and mlas_isa.isa() in ("avx2", "avx512") and plain_host and local_window != 0
+    # the one-token decode on the host takes onnxruntime's rounding also where the plan
+    # does not ask for it, when that runs compiled (`mlas_jit`): then it is the fastest form
+    # too (a few microseconds a call against numpy's twenty calls)
+    compiled_decode = (info.faster_onnxruntime_rounding and plain_host and local_window != 0
+                       and mlas_isa.isa() in ("avx2", "avx512") and mlas_jit.available("rotate_pair")
+                       and mlas_jit.available("decode_attention"))
+    decode_rotary, decode_attention = exact_rotary or compiled_decode, exact_attention or compiled_decode
 
     def rotation_of(inputs: list) -> RotationMatrix | None:
         """The shared rotation matrix of the model's own cos/sin caches (initializers, never
@@ -274,7 +281,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         The checks' outcome is a function of the arrays' shapes and addresses only, so
         for the very same input and output arrays as the last call (a replayed launch
         passes the same ones every step) it is reused; the arrays are held meanwhile.
-        With new caches only, only their checks are redone."""
+        With new caches only, only their checks are redone. An attention bias (a mask
+        the graph computes, new every step) is read at every call."""
+        bias = bias_rows(inputs[10], num_heads) if len(inputs) > 10 else None
+        if bias is False:
+            return None
         kept = checked.kept_for(inputs, outs)
         if kept is not None:
             setup, plan = kept
@@ -284,10 +295,12 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             fixed = steady.kept_for(fixed_inputs, fixed_outs)
             if fixed is not None:
                 head_size, plan = fixed
+                if head_size and not rotary_fits(inputs, head_size):
+                    return None
                 if plan and grown(inputs, outs, head_size, plan.out.dtype):
                     checked.keep(inputs, outs, None)  # nothing of a growing cache's call is kept
                     present_shape = (1, kv_num_heads, inputs[3].shape[2] + 1, head_size)
-                    return plan.run(inputs, outs, present_shape, NOT_SHARED, local_window)
+                    return plan.run(inputs, outs, present_shape, NOT_SHARED, local_window, bias)
             else:
                 head_size = steady_head_size(inputs, outs)
                 plan = host_plan(inputs, outs, head_size) if head_size and plain_host else None
@@ -303,19 +316,31 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         if setup is None:
             return None
         if plan:
-            return plan.run(inputs, outs, setup[3], setup[4], local_window)
+            result = plan.run(inputs, outs, setup[3], setup[4], local_window, bias)
+            if result is not None:
+                return result
         return decode_with(inputs, outs, *setup[:-1])
 
     getters: dict = {}  # (inputs, outputs) -> items_at of the arrays `steady` is kept for
 
     def fixed_arrays(n_in: int, n_out: int) -> tuple:
-        """Getters of the arrays other than the caches and the position inputs (computed
-        in the graph, those may be new arrays every step), one C call each."""
+        """Getters of the arrays other than the caches, the position inputs, the cos/sin
+        caches and the attention bias (computed in the graph, those may be new arrays
+        every step), one C call each."""
         found = getters.get((n_in, n_out))
         if found is None:
-            found = getters[(n_in, n_out)] = (items_at([0, 1, 2, *range(7, min(n_in, 9)), *range(10, n_in)]),
+            found = getters[(n_in, n_out)] = (items_at([0, 1, 2, *range(11, n_in)]),
                                               items_at([0, *range(3, n_out)]))
         return found
+
+    def rotary_fits(inputs: list, head_size: int) -> bool:
+        """Whether the cos/sin caches suit the one-token path (`steady_head_size`'s
+        check, for caches that may be new arrays every step)."""
+        if not do_rotary:
+            return True
+        cos_cache = inputs[7] if len(inputs) > 7 else None
+        sin_cache = inputs[8] if len(inputs) > 8 else None
+        return cos_cache is not None and sin_cache is not None and 2 * cos_cache.shape[1] <= head_size
 
     def grown(inputs: list, outs: list, head_size: int, dtype: np.dtype) -> bool:
         """Whether the caches are a growing cache's, as its decode loop and the executor
@@ -338,15 +363,14 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                 and past_key.dtype == past_value.dtype == out_k.dtype == out_v.dtype == dtype)
 
     def host_plan(inputs: list, outs: list, head_size: int) -> HostDecode | None:
-        """The prepared numpy call for these arrays (no attention bias or head sink), or None."""
-        n_in = len(inputs)
-        if (n_in > 10 and inputs[10] is not None) or (n_in > 11 and inputs[11] is not None):
+        """The prepared numpy call for these arrays (no head sink), or None."""
+        if len(inputs) > 11 and inputs[11] is not None:
             return None
         return HostDecode.prepare(inputs, outs, num_heads=num_heads, kv_heads=kv_num_heads,
                                   head_size=head_size, scale=scale_attr, rotary=do_rotary,
                                   interleaved=interleaved,
-                                  rotation=None if exact_rotary else rotation_of(inputs),
-                                  exact_rotary=exact_rotary, exact_attention=exact_attention)
+                                  rotation=None if decode_rotary else rotation_of(inputs),
+                                  exact_rotary=decode_rotary, exact_attention=decode_attention)
 
     def steady_head_size(inputs: list, outs: list) -> int | None:
         """The head size when the one-token path applies to the arrays other than the
@@ -358,7 +382,6 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         key, value = inputs[1], inputs[2]
         cos_cache = inputs[7] if n_in > 7 else None
         sin_cache = inputs[8] if n_in > 8 else None
-        attention_bias = inputs[10] if n_in > 10 else None
         if any(extra is not None for extra in inputs[14:17]):  # q/k norm (the general path rejects them), query_seqlens
             return None
         if n_out > 3 and (outs[3] is not None or used_qk):
@@ -371,9 +394,6 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
                     or value.shape != key.shape):
                 return None
         if do_rotary and (cos_cache is None or sin_cache is None or 2 * cos_cache.shape[1] > head_size):
-            return None
-        if attention_bias is not None and (attention_bias.ndim != 4 or attention_bias.shape[0] != 1
-                                           or attention_bias.shape[2] != 1):
             return None
         return head_size
 
@@ -455,7 +475,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             if c.dtype != ct:
                 c, sn = c.astype(ct), sn.astype(ct)
             qk = _rotate_rows(xp, q_rows.astype(ct, copy=False), c, sn, 2 * c.shape[0], interleaved,
-                              exact_rotary)
+                              decode_rotary)
             if qdt != ct:  # onnxruntime stores the rotated Q/K in T
                 qk = qk.astype(qdt).astype(ct)
             q, k_row = qk[:num_heads], qk[num_heads:]
@@ -504,7 +524,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
         present_len = present_shape[2]
         pos = min(max(numpy_first_int(seqlens_k), 0), present_len - 1)
         presents = write_presents(outs, past_key, past_value, k_row, v_row, present_shape, shared, pos)
-        if exact_attention and ct == F32 and head_sink is None and presents[0].dtype == F32:
+        if decode_attention and ct == F32 and head_sink is None and presents[0].dtype == F32:
             out = onnxruntime_decode(q, presents[0][0, :, :pos + 1], presents[1][0, :, :pos + 1],
                                      attention_bias, 0, outs[0])
             if out is not None:

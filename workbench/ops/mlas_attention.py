@@ -273,8 +273,8 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     """One new token's attention over every cached row given, ``MlasGQADecodeGQAThreaded``:
     q (KV, G, H), keys / values (KV, T, H) (rows 0..T-1, T = total length), the rows
     before `window_start` masked, `bias` (broadcast to (KV, G, T)) added to the scores.
-    Into `out` (KV, G, H) where given. Compiled where numba is and no bias is given
-    (`mlas_jit`), else `decode_attention_emulated`."""
+    Into `out` (KV, G, H) where given. Compiled where numba is (`mlas_jit`), else
+    `decode_attention_emulated`."""
     return decode_attention_function()(q, keys, values, scale, window_start, bias, out)
 
 
@@ -287,12 +287,20 @@ def decode_attention_function():
 def _decode_attention_compiled(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
                                window_start: int = 0, bias: np.ndarray | None = None,
                                out: np.ndarray | None = None) -> np.ndarray:
-    if bias is None and q.dtype == F32 and keys.dtype == F32 and values.dtype == F32:
+    if (q.dtype == F32 and keys.dtype == F32 and values.dtype == F32
+            and (bias is None or _kernel_bias(bias, q.shape, keys.shape[1]))):
         if out is None or out.dtype != F32:
-            result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32))
+            result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32), bias)
             return result if out is None else _into(out, result)
-        return mlas_jit.decode_attention(q, keys, values, scale, window_start, out)
+        return mlas_jit.decode_attention(q, keys, values, scale, window_start, out, bias)
     return decode_attention_emulated(q, keys, values, scale, window_start, bias, out)
+
+
+def _kernel_bias(bias: np.ndarray, q_shape: tuple, total: int) -> bool:
+    """Whether the compiled kernel reads `bias` as the emulation broadcasts it: float32
+    (KV | 1, G | 1, T)."""
+    return (bias.dtype == F32 and bias.ndim == 3 and bias.shape[2] == total
+            and bias.shape[0] in (1, q_shape[0]) and bias.shape[1] in (1, q_shape[1]))
 
 
 def _into(out: np.ndarray, result: np.ndarray) -> np.ndarray:

@@ -54,12 +54,15 @@ def _self_checked(name: str) -> bool:
         same = np.array_equal(real, want[0]) and np.array_equal(imag, want[1])
     else:
         same = True
-        for kv, g, t, h, window in ((3, 3, 37, 64, 0), (2, 1, 5, 13, 2), (1, 4, 17, 8, 0)):
+        for kv, g, t, h, window, bias_shape in ((3, 3, 37, 64, 0, None), (2, 1, 5, 13, 2, None),
+                                                (1, 4, 17, 8, 0, None), (2, 2, 19, 16, 3, (2, 2, 19)),
+                                                (3, 2, 21, 8, 0, (1, 1, 21))):
             q = (r.standard_normal((kv, g, h)) * 3).astype(F32)
             keys = (r.standard_normal((kv, t, h)) * 3).astype(F32)
             values = r.standard_normal((kv, t, h)).astype(F32)
-            want = mlas_attention.decode_attention_emulated(q, keys, values, 0.125, window)
-            got = decode_attention(q, keys, values, 0.125, window, np.empty((kv, g, h), F32))
+            bias = None if bias_shape is None else (r.standard_normal(bias_shape) * 2).astype(F32)
+            want = mlas_attention.decode_attention_emulated(q, keys, values, 0.125, window, bias)
+            got = decode_attention(q, keys, values, 0.125, window, np.empty((kv, g, h), F32), bias)
             same = same and np.array_equal(got.view(np.int32), want.view(np.int32))
     if not same:
         warnings.warn(f"numba's {name} differs from its numpy emulation on this machine; the emulation is taken "
@@ -85,14 +88,15 @@ def rotate_pair(x1: np.ndarray, x2: np.ndarray, cos: np.ndarray, sin: np.ndarray
 
 
 def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window_start: int,
-                     into: np.ndarray) -> np.ndarray:
-    """`mlas_attention.decode_attention` without a bias, float32 q, keys and values,
-    into `into` (KV, G, H) float32."""
+                     into: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """`mlas_attention.decode_attention` of float32 q, keys and values, into `into`
+    (KV, G, H) float32; `bias` None or float32 (KV | 1, G | 1, T), T the keys' rows."""
     from .mlas_isa import isa
 
     kernels = _kernels()
+    has_bias = bias is not None
     return kernels.decode_attention(q, keys, values, np.float32(scale), window_start, into, isa() == "avx512",
-                                    kernels.bits)
+                                    bias if has_bias else kernels.no_bias, has_bias)
 
 
 @functools.cache
@@ -111,6 +115,24 @@ def _kernels():
 
         def codegen(context, builder, signature, args):
             return builder.fma(*args)
+        return sig, codegen
+
+    @intrinsic
+    def float32_of_bits(typingctx, word):
+        """The float32 whose bits are the int32 `word`."""
+        sig = types.float32(types.int32)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(types.float32))
+        return sig, codegen
+
+    @intrinsic
+    def float64_of_bits(typingctx, word):
+        """The float64 whose bits are the int64 `word`."""
+        sig = types.float64(types.int64)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(types.float64))
         return sig, codegen
 
     jit = functools.partial(numba.njit, nogil=True, cache=True)
@@ -181,7 +203,7 @@ def _kernels():
                 imag[r, j] = fma32(a, sin[j], b * cos[j])
 
     @jit
-    def exp_biased(x, wide, bits):
+    def exp_biased(x, wide):
         """MLAS's sum-exp kernel's exp of x (already biased by -max)."""
         x = np.maximum(x, clamp_avx512 if wide else clamp_fma3)
         biased = fma32(x, log2_reciprocal, bias_rounding)
@@ -192,20 +214,20 @@ def _kernels():
         for c in poly[2:]:
             p = fma32(p, x, c)
         if wide:  # vscalefps: p * 2^m rounded once (exact in float64, then one rounding)
-            return f32(np.float64(p) * 2.0 ** np.int64(m))
+            # 2^m as a float64 (m within -150..128 after the clamp: a normal number)
+            return f32(np.float64(p) * float64_of_bits((np.int64(m) + 1023) << 52))
         # 2^m built in the exponent bits, as the FMA3 kernel's integer shift does
         word = ((np.int64(m) << 23) + one_bits) & 0xFFFFFFFF  # int32 arithmetic, wrapping
-        bits[0] = word - (1 << 32) if word >= 1 << 31 else word
-        return p * bits.view(np.float32)[0]
+        return p * float32_of_bits(np.int32(word - (1 << 32) if word >= 1 << 31 else word))
 
     @jit
-    def decode_attention_kernel(q, keys, values, scale, window_start, into, wide, bits):
+    def decode_attention_kernel(q, keys, values, scale, window_start, into, wide, bias, has_bias):
         kv_heads, group, head = q.shape
+        bias_kv, bias_g = bias.shape[0] > 1, bias.shape[1] > 1  # else broadcast
         total = keys.shape[1]
         body = head - head % 8
         width = 16 if wide else 8
         scores = np.empty(total, f32)
-        acc = np.empty(8, f32)
         lanes = np.empty(16, f32)
         row = np.empty(head, f32)
         for kv in range(kv_heads):
@@ -213,18 +235,24 @@ def _kernels():
                 qv = q[kv, g]
                 for t in range(total):  # MlasGQADecodeQK: 8 lanes of every 8th product, then the tail
                     k = keys[kv, t]
-                    if body:
-                        for lane in range(8):
-                            acc[lane] = qv[lane] * k[lane]
+                    if body:  # the lanes in locals: registers, not memory, between the steps
+                        a0, a1, a2, a3 = qv[0] * k[0], qv[1] * k[1], qv[2] * k[2], qv[3] * k[3]
+                        a4, a5, a6, a7 = qv[4] * k[4], qv[5] * k[5], qv[6] * k[6], qv[7] * k[7]
                         for h0 in range(8, body, 8):
-                            for lane in range(8):
-                                acc[lane] = acc[lane] + qv[h0 + lane] * k[h0 + lane]
-                        s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+                            a0, a1 = a0 + qv[h0] * k[h0], a1 + qv[h0 + 1] * k[h0 + 1]
+                            a2, a3 = a2 + qv[h0 + 2] * k[h0 + 2], a3 + qv[h0 + 3] * k[h0 + 3]
+                            a4, a5 = a4 + qv[h0 + 4] * k[h0 + 4], a5 + qv[h0 + 5] * k[h0 + 5]
+                            a6, a7 = a6 + qv[h0 + 6] * k[h0 + 6], a7 + qv[h0 + 7] * k[h0 + 7]
+                        s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
                     else:
                         s = zero
                     for h in range(body, head):
                         s = s + qv[h] * k[h]
                     scores[t] = s * scale
+                if has_bias:  # added to the scaled scores, each sum rounded (before the window's mask)
+                    b = bias[kv if bias_kv else 0, g if bias_g else 0]
+                    for t in range(total):
+                        scores[t] = scores[t] + b[t]
                 for t in range(min(window_start, total)):
                     scores[t] = lowest
                 top = scores[0]
@@ -238,7 +266,7 @@ def _kernels():
                 for lane in range(width):
                     lanes[lane] = zero
                 for t in range(total):  # exps into `scores`, summed in the kernel's lanes
-                    e = exp_biased(scores[t] + negmax, wide, bits)
+                    e = exp_biased(scores[t] + negmax, wide)
                     scores[t] = e
                     lane = t % width
                     lanes[lane] = e if t < width else lanes[lane] + e
@@ -263,12 +291,12 @@ def _kernels():
         return into
 
     return _Kernels(logistic_kernel, sum_of_squares_kernel, rotate_pair_kernel, decode_attention_kernel,
-                    np.zeros(1, np.int32))
+                    np.zeros((1, 1, 1), f32))
 
 
 class _Kernels:
-    __slots__ = ("logistic", "sum_of_squares", "rotate_pair", "decode_attention", "bits")
+    __slots__ = ("logistic", "sum_of_squares", "rotate_pair", "decode_attention", "no_bias")
 
-    def __init__(self, logistic, sum_of_squares, rotate_pair, decode_attention, bits) -> None:
+    def __init__(self, logistic, sum_of_squares, rotate_pair, decode_attention, no_bias) -> None:
         self.logistic, self.sum_of_squares, self.rotate_pair = logistic, sum_of_squares, rotate_pair
-        self.decode_attention, self.bits = decode_attention, bits
+        self.decode_attention, self.no_bias = decode_attention, no_bias

@@ -99,6 +99,9 @@ class NodeInfo:
     #: plan asks for it where a model requantizes activations at run time, which turns
     #: one ulp into another int8 value (`SessionOptions.onnxruntime_rounding`)
     onnxruntime_rounding: bool = True
+    #: onnxruntime's rounding allowed where a kernel's compiled form of it is also its
+    #: fastest form (`SessionOptions.onnxruntime_rounding` not "never")
+    faster_onnxruntime_rounding: bool = True
 
     def __post_init__(self) -> None:
         if not self.input_present:  # built by hand (tests): the inputs of a known dtype

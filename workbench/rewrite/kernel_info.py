@@ -48,7 +48,7 @@ def requantizes_activations(graph: Graph) -> bool:
 
 
 def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable | None,
-              onnxruntime_rounding: bool = True) -> NodeInfo:
+              onnxruntime_rounding: bool = True, faster_onnxruntime_rounding: bool = True) -> NodeInfo:
     vals = graph.values
     info = NodeInfo(
         name=node.name, op_type=node.op_type, domain=node.domain,
@@ -61,6 +61,7 @@ def node_info(graph: Graph, node: Node, xp: Any, make_subgraph_runner: Callable 
         output_used=tuple(o >= 0 for o in node.outputs),
         input_present=tuple(i >= 0 for i in node.inputs),
         xp=xp, subgraphs=node.subgraphs, onnxruntime_rounding=onnxruntime_rounding,
+        faster_onnxruntime_rounding=faster_onnxruntime_rounding,
         constant_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
                          if i in graph.initializers and graph.initializers[i].size <= SMALL_CONSTANT},
         initializer_inputs={k: graph.initializers[i] for k, i in enumerate(node.inputs)
