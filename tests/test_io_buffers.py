@@ -68,3 +68,29 @@ def test_the_same_arrays_again_give_the_same_rows_and_new_ones_are_read():
     assert ids.address.iloc[3] != ids.address.iloc[0], "the rebound feed is read anew"
     from workbench.addresses import address
     assert ids.address.iloc[3] == address(other)
+
+
+def test_a_few_new_arrays_are_read_alone_and_give_a_full_reads_rows():
+    """Where only a few arrays are new objects (a fixed cache's feeds), their numbers are
+    read and the rest kept from the last step: the block equals one read in full, for
+    owning arrays, views of a wider buffer and a view swapped for another view."""
+    from workbench.executor.io_rows import IoRows
+    from workbench.executor.views import KnownAddresses
+
+    wide = np.zeros((1, 2, 64, 16), np.float32)
+    arrays = [np.zeros((1, 1), np.int64), np.zeros((1, 7), np.int64), wide[:, :, :9], wide[:, :1],
+              np.zeros((1, 2, 9, 16), np.float32), np.zeros((3, 5), np.float32)]
+    layout = tuple((i, "feed") for i in range(len(arrays)))
+    patched, addresses = IoRows(), KnownAddresses()
+    for step in range(8):
+        arrays[0] = np.full((1, 1), step, np.int64)  # a new feed every step
+        if step % 3 == 2:
+            arrays[2] = wide[:, :, :9 + step]  # another view of the same buffer
+        if step == 5:
+            arrays[4] = np.zeros((1, 2, 9, 16), np.float32)
+        got = patched.block(layout, tuple(arrays), addresses)
+        want = IoRows().block(layout, tuple(arrays), KnownAddresses())
+        assert list(got) == list(want), f"step {step}"
+    held = list(got)
+    assert patched.block(layout, tuple(arrays), addresses) is got, "the very same arrays: the same block"
+    assert list(got) == held

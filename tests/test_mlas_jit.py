@@ -65,7 +65,10 @@ def test_compiled_decode_attention_is_the_emulation_bit_for_bit(kv, group, keys,
         keys_, values = cache_k[:, :keys], cache_v[:, :keys]
         start = keys if run == 4 else window  # run 4: every key masked, zeros
         want = mlas_attention.decode_attention_emulated(q, keys_, values, 0.125, start)
-        got = mlas_jit.decode_attention(q, keys_, values, 0.125, start, out)
+        whole = mlas_jit.decode_attention(q, cache_k, cache_v, 0.125, start, out, total=keys)
+        assert whole is out
+        _same_bits(out, want)
+        got = mlas_jit.decode_attention(q, keys_, values, 0.125, start, out)  # a view of the rows: copied
         assert got is out
         _same_bits(out, want)
 
@@ -74,8 +77,8 @@ def test_compiled_decode_attention_is_the_emulation_bit_for_bit(kv, group, keys,
 @pytest.mark.parametrize("per_head", [False, True], ids=["one bias row", "a row per head"])
 def test_compiled_decode_attention_adds_a_bias_as_the_emulation(kernel, per_head, monkeypatch):
     """An attention bias (a graph's causal mask: zeros and float32's lowest, or any
-    values), broadcast from one row or one per head, read as the strided view the
-    prepared decode passes (`bias[0, :, 0, :total]` of a wider mask)."""
+    values), broadcast from one row or one per head, wider than the keys read, as the
+    prepared decode passes it (`bias[0, :, 0]`)."""
     wide = "avx512" if kernel == "avx512" else "avx2"
     monkeypatch.setattr(mlas_isa, "isa", lambda: wide)
     monkeypatch.setattr(mlas_attention, "isa", lambda: wide)
@@ -92,30 +95,34 @@ def test_compiled_decode_attention_adds_a_bias_as_the_emulation(kernel, per_head
         cache_v[...] = r.standard_normal(cache_v.shape)
         mask[...] = r.standard_normal(mask.shape) * (0 if run % 2 else 2)
         mask[..., keys - run - 1:] = np.finfo(np.float32).min  # the later keys masked out
-        rows = mask[0, :, 0, :keys]
-        bias = rows.reshape(kv, group, keys) if per_head else rows.reshape(1, 1, keys)
+        rows = mask[0, :, 0]  # wider than the keys: the kernel reads its first `keys` columns
+        bias = rows.reshape(kv, group, -1) if per_head else rows.reshape(1, 1, -1)
         window = 3 if run == 5 else 0
-        want = mlas_attention.decode_attention_emulated(q, cache_k, cache_v, 0.125, window, bias)
-        got = mlas_jit.decode_attention(q, cache_k, cache_v, 0.125, window, out, bias)
+        want = mlas_attention.decode_attention_emulated(q, cache_k, cache_v, 0.125, window, bias[..., :keys])
+        got = mlas_jit.decode_attention(q, cache_k, cache_v, 0.125, window, out, bias, total=keys)
         _same_bits(out, want)
         assert got is out
 
 
 def test_compiled_rotation_is_the_emulation_bit_for_bit():
     """MLAS's rotary embedding of non-interleaved halves (fma(x1, cos, -(x2 sin)),
-    fma(x1, sin, x2 cos)), on strided views as the prepared decode passes them."""
-    assert mlas_jit.available("rotate_pair")
+    fma(x1, sin, x2 cos)), rows as the prepared decode holds them ((rows, 2, half)), by
+    one row of the cos/sin caches; a strided output is written through a copy."""
+    assert mlas_jit.available("rotate_rows")
     r = np.random.default_rng(21)
     halves = np.empty((12, 2, 32), np.float32)  # rows x (first, second half) x half
     rotated = np.empty_like(halves)
+    wide = np.empty((12, 2, 40), np.float32)
     for run in range(RUNS):
         halves[...] = r.standard_normal(halves.shape) * (10.0 ** (run % 3))
-        angles = r.uniform(0, 2 * np.pi, 32)
+        angles = r.uniform(0, 2 * np.pi, (7, 32))
         cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        mlas_jit.rotate_pair(halves[:, 0], halves[:, 1], cos, sin, rotated[:, 0], rotated[:, 1])
-        real, imag = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos, sin)
-        _same_bits(rotated[:, 0], real)
-        _same_bits(rotated[:, 1], imag)
+        position = run % 7
+        into = rotated if run % 2 else wide[:, :, :32]
+        mlas_jit.rotate_rows(halves, cos, sin, position, into)
+        real, imag = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos[position], sin[position])
+        _same_bits(into[:, 0], real)
+        _same_bits(into[:, 1], imag)
 
 
 @pytest.mark.parametrize("n", [16, 17, 23, 24, 28, 64, 576, 1536, 1539])
@@ -128,3 +135,26 @@ def test_compiled_sum_of_squares_is_the_emulation_bit_for_bit(n):
     for run in range(RUNS):
         rows[...] = r.standard_normal(rows.shape) * (10.0 ** (run % 3 - 1))
         _same_bits(mlas_jit.sum_of_squares(rows), ort_float32.sum_of_squares_emulated(rows))
+
+
+def test_each_compiled_decode_kernel_has_one_signature_that_takes_read_only_and_strided_arrays():
+    """The rotation and the decode kernel are compiled once, for C-contiguous arrays,
+    their inputs read-only (an initializer's cos/sin caches are): a read-only cache, a
+    strided view (copied by the wrapper) and a writable array all run on that one
+    signature, never compiling another mid-decode."""
+    assert mlas_jit.available("rotate_rows") and mlas_jit.available("decode_attention")
+    r = np.random.default_rng(8)
+    cos, sin = (r.uniform(-1, 1, (6, 8)).astype(np.float32) for _ in range(2))
+    cos.flags.writeable = sin.flags.writeable = False
+    halves = r.standard_normal((4, 2, 8)).astype(np.float32)
+    rotated = np.empty_like(halves)
+    mlas_jit.rotate_rows(halves, cos, sin, 3, rotated)
+    mlas_jit.rotate_rows(np.ascontiguousarray(np.broadcast_to(halves, (4, 2, 8))), cos.copy(), sin, 1, rotated)
+    keys = r.standard_normal((2, 9, 8)).astype(np.float32)
+    keys.flags.writeable = False
+    q, out = r.standard_normal((2, 3, 8)).astype(np.float32), np.empty((2, 3, 8), np.float32)
+    mlas_jit.decode_attention(q, keys, keys, 0.25, 0, out, total=5)
+    mlas_jit.decode_attention(q, keys[:, ::2], keys[:, ::2], 0.25, 0, out)
+    kernels = mlas_jit._kernels()
+    assert len(kernels.rotate_rows.overloads) == 1
+    assert len(kernels.decode_attention.overloads) == 1

@@ -10,7 +10,8 @@ every step, as cheaply as can be: where all are plain numpy arrays owning their 
 C calls over all of them (`owned_addresses`, `rooted_addresses`), else one at a time. The numbers lie in arrays('Q'), a column each, that the Recording
 keeps with the layout as one block (`IoBlock`): no int or tuple per row for the step to
 make, nor for the garbage collector to count; a step whose numbers are the last step's
-hands it the very same block again (a fixed cache binds the same arrays every step).
+hands it the very same block again (a fixed cache binds the same arrays every step),
+and a step where only a few arrays are new (a fixed cache's feeds) reads just those.
 """
 
 from __future__ import annotations
@@ -72,8 +73,16 @@ class IoRows:
         """This step's rows for `arrays`, one per position of `layout` ((vid, role) each)
         that holds an array."""
         last = self._last
-        if last is not None and last.layout is layout and same_objects(arrays, self._arrays):
-            return last
+        if last is not None and last.layout is layout:
+            if same_objects(arrays, self._arrays):
+                return last
+            patched = self._patched(last, arrays, addresses)
+            if patched is not None:
+                self._arrays = arrays
+                if last.same_rows(layout, None, patched):
+                    return last
+                self._last = IoBlock(layout, None, patched)
+                return self._last
         self._arrays = arrays
         positions = None
         addrs = owned_addresses(arrays)
@@ -92,6 +101,25 @@ class IoRows:
             return last
         self._last = IoBlock(layout, positions, columns)
         return self._last
+
+    def _patched(self, last: IoBlock, arrays: tuple, addresses: KnownAddresses) -> tuple[array, ...] | None:
+        """The last block's columns with the arrays that are not the last step's very
+        objects read again, where those are few (a fixed cache's step: its feeds and
+        little else) and every position held an array; else None (read them all)."""
+        then = self._arrays
+        if last.positions is not None or len(arrays) != len(then):
+            return None
+        changed = [i for i, (now, before) in enumerate(zip(arrays, then)) if now is not before]
+        if 2 * len(changed) > len(arrays):
+            return None
+        columns = tuple(column[:] for column in last.columns)  # copies: an owning block shares two pairs
+        for i in changed:
+            arr = arrays[i]
+            if not hasattr(arr, "nbytes"):
+                return None
+            for column, number in zip(columns, addresses.where(arr)):
+                column[i] = number
+        return columns
 
     @staticmethod
     def _read_each(arrays: tuple, addresses: KnownAddresses) -> tuple[tuple | None, tuple[array, ...]]:

@@ -136,7 +136,7 @@ class HostDecode:
         # onnxruntime's rounding applies to float32 only (the general path's condition too)
         exact_rotary = self.exact_rotary = exact_rotary and ct == np.float32
         # MLAS's rotation compiled (`mlas_jit`), chosen here once; None: the emulation
-        self.rotate_into = mlas_jit.rotate_pair if exact_rotary and mlas_jit.available("rotate_pair") else None
+        self.rotate_into = mlas_jit.rotate_rows if exact_rotary and mlas_jit.available("rotate_rows") else None
         # MLAS's decode kernel (compiled or emulated: chosen here, once), or None
         self.exact_attention = decode_attention_function() if exact_attention and ct == np.float32 else None
         group = num_heads // kv_heads
@@ -209,8 +209,7 @@ class HostDecode:
                 np.concatenate(self.pair[:2], out=self.pair[2])
             if exact_rotary:  # MLAS's rotary kernel's rounding
                 if self.rotate_into is not None:
-                    self.rotate_into(self.halves[:, 0], self.halves[:, 1], cos[r], sin[r],
-                                     self.rotated[:, 0], self.rotated[:, 1])
+                    self.rotate_into(self.halves, cos, sin, r, self.rotated)
                 else:
                     real, imag = rotate_pair(self.halves[:, 0], self.halves[:, 1], cos[r], sin[r])
                     self.rotated[:, 0] = real
@@ -227,10 +226,10 @@ class HostDecode:
 
         if exact_attention:  # every row 0..pos, the window's masked as onnxruntime masks them
             total = pos + 1
-            if bias is not None:
-                bias = self.grouped(bias[:, :total].astype(np.float32, copy=False))
-            exact_attention(self.q, presents[0][0, :, :total], presents[1][0, :, :total], self.alpha,
-                            total - window if 0 < window < total else 0, bias, out=self.out)
+            if bias is not None:  # its whole width (rows `total` on unread): a view the kernel takes as it is
+                bias = self.grouped(bias.astype(np.float32, copy=False))
+            exact_attention(self.q, presents[0][0], presents[1][0], self.alpha,
+                            total - window if 0 < window < total else 0, bias, out=self.out, total=total)
             return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
         start = max(pos - window + 1, 0) if window > 0 else 0
         scores = np.matmul(self.q, presents[0][0, :, start:pos + 1].transpose(0, 2, 1))

@@ -259,7 +259,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # does not ask for it, when that runs compiled (`mlas_jit`): then it is the fastest form
     # too (a few microseconds a call against numpy's twenty calls)
     compiled_decode = (info.faster_onnxruntime_rounding and plain_host and local_window != 0
-                       and mlas_isa.isa() in ("avx2", "avx512") and mlas_jit.available("rotate_pair")
+                       and mlas_isa.isa() in ("avx2", "avx512") and mlas_jit.available("rotate_rows")
                        and mlas_jit.available("decode_attention"))
     decode_rotary, decode_attention = exact_rotary or compiled_decode, exact_attention or compiled_decode
 

@@ -269,13 +269,14 @@ def _inverse(sums: np.ndarray) -> np.ndarray:
 
 def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
                      window_start: int = 0, bias: np.ndarray | None = None,
-                     out: np.ndarray | None = None) -> np.ndarray:
-    """One new token's attention over every cached row given, ``MlasGQADecodeGQAThreaded``:
-    q (KV, G, H), keys / values (KV, T, H) (rows 0..T-1, T = total length), the rows
-    before `window_start` masked, `bias` (broadcast to (KV, G, T)) added to the scores.
-    Into `out` (KV, G, H) where given. Compiled where numba is (`mlas_jit`), else
-    `decode_attention_emulated`."""
-    return decode_attention_function()(q, keys, values, scale, window_start, bias, out)
+                     out: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
+    """One new token's attention over the cached rows 0..T-1, ``MlasGQADecodeGQAThreaded``:
+    q (KV, G, H), keys / values (KV, L, H) (T = `total`, None: L), the rows before
+    `window_start` masked, `bias` (KV | 1, G | 1, W >= T; its first T columns) added to
+    the scores. Into `out` (KV, G, H) where given. Compiled where numba is
+    (`mlas_jit`: pass a whole cache and `total`, not a view of its rows, which it
+    would copy), else `decode_attention_emulated`."""
+    return decode_attention_function()(q, keys, values, scale, window_start, bias, out, total)
 
 
 def decode_attention_function():
@@ -286,20 +287,22 @@ def decode_attention_function():
 
 def _decode_attention_compiled(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
                                window_start: int = 0, bias: np.ndarray | None = None,
-                               out: np.ndarray | None = None) -> np.ndarray:
+                               out: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
+    total = keys.shape[1] if total is None else total
     if (q.dtype == F32 and keys.dtype == F32 and values.dtype == F32
-            and (bias is None or _kernel_bias(bias, q.shape, keys.shape[1]))):
+            and (bias is None or _kernel_bias(bias, q.shape, total))):
         if out is None or out.dtype != F32:
-            result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32), bias)
+            result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32), bias,
+                                               total)
             return result if out is None else _into(out, result)
-        return mlas_jit.decode_attention(q, keys, values, scale, window_start, out, bias)
-    return decode_attention_emulated(q, keys, values, scale, window_start, bias, out)
+        return mlas_jit.decode_attention(q, keys, values, scale, window_start, out, bias, total)
+    return decode_attention_emulated(q, keys, values, scale, window_start, bias, out, total)
 
 
 def _kernel_bias(bias: np.ndarray, q_shape: tuple, total: int) -> bool:
     """Whether the compiled kernel reads `bias` as the emulation broadcasts it: float32
-    (KV | 1, G | 1, T)."""
-    return (bias.dtype == F32 and bias.ndim == 3 and bias.shape[2] == total
+    (KV | 1, G | 1, W >= T)."""
+    return (bias.dtype == F32 and bias.ndim == 3 and bias.shape[2] >= total
             and bias.shape[0] in (1, q_shape[0]) and bias.shape[1] in (1, q_shape[1]))
 
 
@@ -310,8 +313,11 @@ def _into(out: np.ndarray, result: np.ndarray) -> np.ndarray:
 
 def decode_attention_emulated(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float,
                               window_start: int = 0, bias: np.ndarray | None = None,
-                              out: np.ndarray | None = None) -> np.ndarray:
+                              out: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
     """`decode_attention` in numpy (the fmas as float64 sums, checked for double rounding)."""
+    if total is not None:
+        keys, values = keys[:, :total], values[:, :total]
+        bias = None if bias is None else bias[..., :total]
     scores = decode_scores(q, keys, np.float32(scale))
     if bias is not None:
         scores = np.add(scores, bias, dtype=F32)

@@ -22,7 +22,7 @@ from . import numba_support
 
 F32 = np.dtype(np.float32)
 def available(name: str) -> bool:
-    """Whether the compiled `name` ("logistic", "sum_of_squares", "rotate_pair",
+    """Whether the compiled `name` ("logistic", "sum_of_squares", "rotate_rows",
     "decode_attention") is taken."""
     return numba_support.enabled() and _self_checked(name)
 
@@ -45,24 +45,24 @@ def _self_checked(name: str) -> bool:
             rows = (r.standard_normal((3, n)) * 5).astype(F32)
             same = same and np.array_equal(kernels.sum_of_squares(rows, np.empty((3, 1), F32)),
                                            ort_float32.sum_of_squares_emulated(rows))
-    elif name == "rotate_pair":
-        x1, x2 = (r.standard_normal((5, 32)) * 4).astype(F32), (r.standard_normal((5, 32)) * 4).astype(F32)
-        cos, sin = r.uniform(-1, 1, 32).astype(F32), r.uniform(-1, 1, 32).astype(F32)
-        real, imag = np.empty_like(x1), np.empty_like(x1)
-        kernels.rotate_pair(x1, x2, cos, sin, real, imag)
-        want = ort_float32.rotate_pair(x1, x2, cos, sin)
-        same = np.array_equal(real, want[0]) and np.array_equal(imag, want[1])
+    elif name == "rotate_rows":
+        halves = (r.standard_normal((5, 2, 32)) * 4).astype(F32)
+        cos, sin = r.uniform(-1, 1, (3, 32)).astype(F32), r.uniform(-1, 1, (3, 32)).astype(F32)
+        rotated = np.empty_like(halves)
+        rotate_rows(halves, cos, sin, 2, rotated)
+        want = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos[2], sin[2])
+        same = np.array_equal(rotated[:, 0], want[0]) and np.array_equal(rotated[:, 1], want[1])
     else:
         same = True
         for kv, g, t, h, window, bias_shape in ((3, 3, 37, 64, 0, None), (2, 1, 5, 13, 2, None),
                                                 (1, 4, 17, 8, 0, None), (2, 2, 19, 16, 3, (2, 2, 19)),
                                                 (3, 2, 21, 8, 0, (1, 1, 21))):
             q = (r.standard_normal((kv, g, h)) * 3).astype(F32)
-            keys = (r.standard_normal((kv, t, h)) * 3).astype(F32)
-            values = r.standard_normal((kv, t, h)).astype(F32)
+            keys = (r.standard_normal((kv, t + 3, h)) * 3).astype(F32)  # rows t.. beyond the total
+            values = r.standard_normal((kv, t + 3, h)).astype(F32)
             bias = None if bias_shape is None else (r.standard_normal(bias_shape) * 2).astype(F32)
-            want = mlas_attention.decode_attention_emulated(q, keys, values, 0.125, window, bias)
-            got = decode_attention(q, keys, values, 0.125, window, np.empty((kv, g, h), F32), bias)
+            want = mlas_attention.decode_attention_emulated(q, keys[:, :t], values[:, :t], 0.125, window, bias)
+            got = decode_attention(q, keys, values, 0.125, window, np.empty((kv, g, h), F32), bias, total=t)
             same = same and np.array_equal(got.view(np.int32), want.view(np.int32))
     if not same:
         warnings.warn(f"numba's {name} differs from its numpy emulation on this machine; the emulation is taken "
@@ -80,23 +80,45 @@ def sum_of_squares(rows: np.ndarray) -> np.ndarray:
     return _kernels().sum_of_squares(rows, np.empty((rows.shape[0], 1), F32))
 
 
-def rotate_pair(x1: np.ndarray, x2: np.ndarray, cos: np.ndarray, sin: np.ndarray, real: np.ndarray,
-                imag: np.ndarray) -> None:
-    """`ort_float32.rotate_pair` of float32 halves x1, x2 (rows, half) by cos, sin (half,),
-    into real and imag (rows, half)."""
-    _kernels().rotate_pair(x1, x2, cos, sin, real, imag)
+def rotate_rows(halves: np.ndarray, cos: np.ndarray, sin: np.ndarray, position: int,
+                rotated: np.ndarray) -> None:
+    """`ort_float32.rotate_pair` of the float32 rows' halves (rows, 2, half) by row
+    `position` of the cos/sin caches (positions, half), into `rotated` (rows, 2, half).
+    The kernel takes C-contiguous arrays (one signature, compiled once); others are
+    copied first, the result too."""
+    into = rotated if rotated.flags.c_contiguous else np.empty(rotated.shape, F32)
+    _kernels().rotate_rows(_contiguous(halves), _contiguous(cos), _contiguous(sin), position, into)
+    if into is not rotated:
+        rotated[...] = into
 
 
 def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, window_start: int,
-                     into: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """`mlas_attention.decode_attention` of float32 q, keys and values, into `into`
-    (KV, G, H) float32; `bias` None or float32 (KV | 1, G | 1, T), T the keys' rows."""
-    from .mlas_isa import isa
-
+                     into: np.ndarray, bias: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
+    """`mlas_attention.decode_attention` of float32 q (KV, G, H) over rows 0..total-1 of
+    the keys and values (KV, L >= total, H; total None: all L), into `into` (KV, G, H)
+    float32; `bias` None or float32 (KV | 1, G | 1, W >= total). The kernel takes
+    C-contiguous arrays (one signature, compiled once): a whole cache and the rows
+    to read, not a view of those rows; others are copied first."""
     kernels = _kernels()
     has_bias = bias is not None
-    return kernels.decode_attention(q, keys, values, np.float32(scale), window_start, into, isa() == "avx512",
-                                    bias if has_bias else kernels.no_bias, has_bias)
+    out = into if into.flags.c_contiguous else np.empty(into.shape, F32)
+    kernels.decode_attention(_contiguous(q), _contiguous(keys), _contiguous(values),
+                             keys.shape[1] if total is None else total, np.float32(scale), window_start, out,
+                             _wide(), _contiguous(bias) if has_bias else kernels.no_bias, has_bias)
+    if out is not into:
+        into[...] = out
+    return into
+
+
+def _wide() -> bool:
+    """Whether MLAS takes its AVX-512F sum-exp kernel here (16 lanes), else FMA3's (8)."""
+    from .mlas_isa import isa
+
+    return isa() == "avx512"
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 @functools.cache
@@ -194,13 +216,20 @@ def _kernels():
             sums[r, 0] = s
         return sums
 
-    @jit
-    def rotate_pair_kernel(x1, x2, cos, sin, real, imag):
-        for r in range(x1.shape[0]):
-            for j in range(x1.shape[1]):
-                a, b = x1[r, j], x2[r, j]
-                real[r, j] = fma32(a, cos[j], -(b * sin[j]))
-                imag[r, j] = fma32(a, sin[j], b * cos[j])
+    # one signature each, of C-contiguous arrays (numba would compile another for each
+    # layout it meets, mid-decode): compiled once, up front, and fast on contiguous rows
+    # (inputs read-only: an initializer's array is; a writable one converts)
+    c3 = types.float32[:, :, ::1]
+    r2, r3 = (types.Array(types.float32, ndim, "C", readonly=True) for ndim in (2, 3))
+
+    @numba.njit(types.none(r3, r2, r2, types.int64, c3), nogil=True, cache=True)
+    def rotate_rows_kernel(halves, cos_rows, sin_rows, position, rotated):
+        cos, sin = cos_rows[position], sin_rows[position]
+        for r in range(halves.shape[0]):
+            for j in range(halves.shape[2]):
+                a, b = halves[r, 0, j], halves[r, 1, j]
+                rotated[r, 0, j] = fma32(a, cos[j], -(b * sin[j]))
+                rotated[r, 1, j] = fma32(a, sin[j], b * cos[j])
 
     @jit
     def exp_biased(x, wide):
@@ -220,11 +249,11 @@ def _kernels():
         word = ((np.int64(m) << 23) + one_bits) & 0xFFFFFFFF  # int32 arithmetic, wrapping
         return p * float32_of_bits(np.int32(word - (1 << 32) if word >= 1 << 31 else word))
 
-    @jit
-    def decode_attention_kernel(q, keys, values, scale, window_start, into, wide, bias, has_bias):
+    @numba.njit(types.none(r3, r3, r3, types.int64, types.float32, types.int64, c3, types.boolean, r3,
+                           types.boolean), nogil=True, cache=True)
+    def decode_attention_kernel(q, keys, values, total, scale, window_start, into, wide, bias, has_bias):
         kv_heads, group, head = q.shape
         bias_kv, bias_g = bias.shape[0] > 1, bias.shape[1] > 1  # else broadcast
-        total = keys.shape[1]
         body = head - head % 8
         width = 16 if wide else 8
         scores = np.empty(total, f32)
@@ -288,15 +317,14 @@ def _kernels():
                         row[h] = row[h] + e * vt[h]
                 for h in range(head):
                     o[h] = row[h] * inverse
-        return into
 
-    return _Kernels(logistic_kernel, sum_of_squares_kernel, rotate_pair_kernel, decode_attention_kernel,
+    return _Kernels(logistic_kernel, sum_of_squares_kernel, rotate_rows_kernel, decode_attention_kernel,
                     np.zeros((1, 1, 1), f32))
 
 
 class _Kernels:
-    __slots__ = ("logistic", "sum_of_squares", "rotate_pair", "decode_attention", "no_bias")
+    __slots__ = ("logistic", "sum_of_squares", "rotate_rows", "decode_attention", "no_bias")
 
-    def __init__(self, logistic, sum_of_squares, rotate_pair, decode_attention, no_bias) -> None:
-        self.logistic, self.sum_of_squares, self.rotate_pair = logistic, sum_of_squares, rotate_pair
+    def __init__(self, logistic, sum_of_squares, rotate_rows, decode_attention, no_bias) -> None:
+        self.logistic, self.sum_of_squares, self.rotate_rows = logistic, sum_of_squares, rotate_rows
         self.decode_attention, self.no_bias = decode_attention, no_bias
