@@ -34,3 +34,41 @@ def test_expand_to_a_shape_read_at_run_time_follows_every_request():
         (want,) = peer.run(None, {"x": x.copy(), "shape": shape.copy()})
         assert got.shape == want.shape, (run, target)
         np.testing.assert_array_equal(got, want, err_msg=f"run {run}")
+
+
+def test_expand_views_its_input_for_every_layout_and_dtype_vs_onnxruntime():
+    """Expand's zero-copy view (numpy's constructor on the input's buffer, broadcast
+    dims at stride 0) read by the next node: float32 and int64 inputs, a constant and
+    a fed target, a transposed (non-contiguous) input that takes numpy's broadcast_to;
+    8 runs, inputs refilled in place, against onnxruntime."""
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"]),
+             helper.make_node("Add", ["e", "bias"], ["y"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[2, 1, 0]),
+             helper.make_node("Expand", ["xt", "fixed"], ["et"]),
+             helper.make_node("Mul", ["et", "et"], ["z"]),
+             helper.make_node("Expand", ["ids", "fixed"], ["w"])]
+    graph = helper.make_graph(
+        nodes, "expand_views",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 1]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [4]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [5]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info(n, t, None) for n, t in (("y", TensorProto.FLOAT), ("e", TensorProto.FLOAT),
+                                                                 ("z", TensorProto.FLOAT), ("w", TensorProto.INT64))],
+        [helper.make_tensor("fixed", TensorProto.INT64, [3], [2, 3, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ours = workbench.InferenceSession(model)
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(52)
+    feeds = {"x": np.empty((1, 3, 1), np.float32), "shape": np.empty(4, np.int64),
+             "bias": np.empty(5, np.float32), "ids": np.empty((1, 3), np.int64)}
+    for run, target in enumerate([(2, 1, 3, 5), (1, 1, 1, 5), (2, 1, 3, 5), (4, 2, 3, 5)] * 2):
+        feeds["x"][...] = rng.standard_normal((1, 3, 1))
+        feeds["bias"][...] = rng.standard_normal(5)
+        feeds["ids"][...] = rng.integers(-9, 9, (1, 3))
+        feeds["shape"][...] = target
+        got = ours.run(None, feeds)
+        want = peer.run(None, {k: v.copy() for k, v in feeds.items()})
+        for name, g, w in zip(("y", "e", "z", "w"), got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, (run, name)
+            np.testing.assert_array_equal(g, w, err_msg=f"run {run}: {name}")

@@ -359,34 +359,52 @@ def _broadcast_shape(in_shape: tuple, shape: list[int]) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(tuple(in_shape), tuple(shape)))
 
 
+def _broadcast_plan(in_shape: tuple, target: tuple, itemsize: int) -> tuple[tuple, tuple]:
+    """(target, byte strides of a C-contiguous input of `in_shape` viewed as `target`):
+    0 along every broadcast dim."""
+    strides, step = [0] * len(target), itemsize
+    lead = len(target) - len(in_shape)
+    for j in range(len(in_shape) - 1, -1, -1):
+        if in_shape[j] != 1:
+            strides[lead + j] = step
+        step *= in_shape[j]
+    return target, tuple(strides)
+
+
 @register("Expand", since=8, produces_view=True, data_dependent_shape=True,
           capture=host_read_verdict((1,), "shape"))
 def expand(info: NodeInfo) -> KernelFn:
     xp = info.xp
     shape = constant_ints(info, 1)
 
-    def expanded(x: Any, target: tuple, out: Any) -> Any:
-        if out is None:
-            return xp.broadcast_to(x, target)  # a read-only zero-copy view
+    def expanded(x: Any, plan: tuple, out: Any) -> Any:
+        target, strides = plan
+        if out is None:  # a read-only zero-copy view
+            if xp is np and x.flags.c_contiguous and x.size:
+                # numpy's constructor on x's buffer: a tenth of broadcast_to's cost, the same view
+                view = np.ndarray(target, x.dtype, x, 0, strides)
+                view.flags.writeable = False
+                return view
+            return xp.broadcast_to(x, target)
         if out.shape != target:
             raise ValueError(f"preallocated output has shape {out.shape}, Expand gives {target}")
         out[...] = x
         return out
 
     if shape is None:
-        # the target per (input shape, requested shape): a decode step asks the same again
-        target_of_both = shape_memo(lambda both: _broadcast_shape(both[0], list(both[1])))
+        # the view's plan per (input shape, requested shape, item size): a decode step asks the same again
+        plan_of_all = shape_memo(lambda key: _broadcast_plan(key[0], _broadcast_shape(key[0], list(key[1])), key[2]))
 
         def run_dynamic(inputs: list, outs: list) -> tuple:
             x = inputs[0]
-            return (expanded(x, target_of_both((x.shape, tuple(host_ints(inputs[1])))), outs[0]),)
+            return (expanded(x, plan_of_all((x.shape, tuple(host_ints(inputs[1])), x.itemsize)), outs[0]),)
 
         return run_dynamic
-    target_of = shape_memo(lambda s: _broadcast_shape(s, shape))
+    plan_of = shape_memo(lambda key: _broadcast_plan(key[0], _broadcast_shape(key[0], shape), key[1]))
 
     def run(inputs: list, outs: list) -> tuple:
         x = inputs[0]
-        return (expanded(x, target_of(x.shape), outs[0]),)
+        return (expanded(x, plan_of((x.shape, x.itemsize)), outs[0]),)
 
     return run
 

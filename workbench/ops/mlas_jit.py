@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from . import numba_support
+from . import mlas_isa, numba_support
 
 F32 = np.dtype(np.float32)
 def available(name: str) -> bool:
@@ -112,9 +112,7 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
 
 def _wide() -> bool:
     """Whether MLAS takes its AVX-512F sum-exp kernel here (16 lanes), else FMA3's (8)."""
-    from .mlas_isa import isa
-
-    return isa() == "avx512"
+    return mlas_isa.isa() == "avx512"
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
