@@ -158,3 +158,34 @@ def test_each_compiled_decode_kernel_has_one_signature_that_takes_read_only_and_
     kernels = mlas_jit._kernels()
     assert len(kernels.rotate_rows.overloads) == 1
     assert len(kernels.decode_attention.overloads) == 1
+
+
+@pytest.mark.parametrize("n", [5, 16, 27, 576])
+def test_compiled_norm_rows_are_the_numpy_forms_bit_for_bit(n):
+    """SkipSimplifiedLayerNormalization's row (its sum written over x's own buffer, as a
+    decode's in-place sum is) and the RMS norm's rows (fma8 from 16 elements, a plain
+    sum and a division below), against their numpy forms, 6 runs."""
+    from workbench.ops.contrib_norm import row_rms
+    from workbench.ops.normalization import _rms_norm_as_onnxruntime
+
+    assert mlas_jit.available("skip_rms_row") and mlas_jit.available("rms_rows")
+    r = np.random.default_rng(n)
+    x, skip, gamma, y = (np.empty(n, np.float32) for _ in range(4))
+    rows, rows_y, inv = np.empty((3, n), np.float32), np.empty((3, n), np.float32), np.empty(3, np.float32)
+    hidden, eps = np.float32(n), np.float32(1e-5)
+    for run in range(RUNS):
+        spread = 10.0 ** (run % 3 - 1)
+        x[...], skip[...] = r.standard_normal((2, n)) * spread
+        gamma[...] = r.standard_normal(n)
+        want_s = np.add(x, skip, dtype=np.float32)
+        want_y = np.multiply(np.divide(want_s, row_rms(want_s, np.empty(n, np.float32), (hidden, eps), np.dtype(np.float32))),
+                             gamma, dtype=np.float32)
+        mlas_jit.skip_rms_row(x, skip, gamma, hidden, eps, x, y)  # the sum into x itself
+        _same_bits(x, want_s)
+        _same_bits(y, want_y)
+        rows[...] = r.standard_normal(rows.shape) * spread
+        want_rows, want_inv = _rms_norm_as_onnxruntime(rows, gamma, (-1,), eps, None,
+                                                       ort_float32.sum_of_squares_emulated)
+        mlas_jit.rms_rows(rows, gamma, eps, rows_y, inv)
+        _same_bits(rows_y, want_rows)
+        _same_bits(inv, want_inv.reshape(-1))

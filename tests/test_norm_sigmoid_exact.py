@@ -70,11 +70,11 @@ def _model(op, domain, inputs, outputs, attrs, inits=(), opset=17):
     return model
 
 
-def _pair(model):
+def _pair(model, options=ROUNDED):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     peer = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return workbench.InferenceSession(model, options=ROUNDED), peer
+    return workbench.InferenceSession(model, options=options), peer
 
 
 def _compare(ours, peer, feeds, exact, rtol, atol, what):
@@ -92,12 +92,15 @@ def _compare(ours, peer, feeds, exact, rtol, atol, what):
 SKIP_SHAPES = [(1, 1, 576), (1, 16, 576), (1, 1, 1536), (2, 3, 5), (1, 4, 15), (3, 2, 16), (1, 3, 33), (2, 2, 100)]
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("shape", SKIP_SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_skip_simplified_layer_norm_is_onnxruntimes_result(shape, with_bias):
+def test_skip_simplified_layer_norm_is_onnxruntimes_result(shape, with_bias, compiled, monkeypatch):
     """The squares summed left to right in float32 (no fma), sqrt(sum / n + eps), then
     sum / that * gamma: y and the sum output bit for bit over eight runs (the decode's
-    one-row form keeps its plan for the same arrays: runs 2.. take it)."""
+    one-row form keeps its plan for the same arrays: runs 2.. take it), that row
+    compiled (`mlas_jit.skip_rms_row`) and in numpy."""
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     r = np.random.default_rng([7, *shape, with_bias])
     hidden = shape[-1]
     x, skip = np.empty(shape, np.float32), np.empty(shape, np.float32)
@@ -130,15 +133,17 @@ RMS_CASES = [((1, 1, 576), -1), ((1, 16, 576), -1), ((4, 1536), -1), ((3, 7), -1
              ((6, 19), -1), ((2, 20), -1), ((3, 22), -1), ((2, 3, 103), -1), ((3, 4, 50), 1), ((2, 1030), -1)]
 
 
+@pytest.mark.parametrize("rounding", ["always", "auto"])
 @pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize(("shape", "axis"), RMS_CASES)
 @pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "RMSNormalization"])
-def test_rms_norms_are_onnxruntimes_result(op, shape, axis, compiled, monkeypatch):
+def test_rms_norms_are_onnxruntimes_result(op, shape, axis, compiled, rounding, monkeypatch):
     """Rows of 16 or more: the squares in 8 fma lanes, folded 8 -> 4 -> 2 -> 1, the next
     4 left over added as rounded squares, the rest by fma; y = (x * (1 / sqrt(sum / n +
     eps))) * scale. Shorter rows: left to right without fma, and a division. y and
-    inv_std_var bit for bit over six runs, the sum of squares compiled (`mlas_jit`) and
-    emulated."""
+    inv_std_var bit for bit over six runs, compiled (`mlas_jit.rms_rows`) and emulated.
+    By default ("auto", a float model) the compiled form is taken too, where numba is;
+    numpy's arithmetic otherwise, within tolerance."""
     monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
     opset = 23 if op == "RMSNormalization" else 17
     r = np.random.default_rng([23, *shape, axis % len(shape), opset])
@@ -146,10 +151,11 @@ def test_rms_norms_are_onnxruntimes_result(op, shape, axis, compiled, monkeypatc
     scale = (r.standard_normal(shape[axis % len(shape):]) * 0.3 + 1).astype(np.float32)
     outputs = ["y"] if op == "RMSNormalization" else ["y", "inv"]
     model = _model(op, "", [("x", x)], outputs, {"epsilon": 1e-5, "axis": axis}, [("scale", scale)], opset=opset)
-    ours, peer = _pair(model)
+    ours, peer = _pair(model, workbench.SessionOptions(onnxruntime_rounding=rounding))
+    exact = EXACT and (rounding == "always" or compiled)
     for run in range(6):
         x[...] = r.standard_normal(shape) * (10.0 ** (run % 3 - 1))
-        _compare(ours, peer, {"x": x}, EXACT, 1e-5, 2e-5, f"run {run}")
+        _compare(ours, peer, {"x": x}, exact, 1e-5, 2e-5, f"run {run}")
 
 
 def test_simplified_layer_norm_float64_is_onnxruntimes_result():

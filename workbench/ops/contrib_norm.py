@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..addresses import SameArrays
+from . import mlas_jit
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .ort_float32 import sequential_sum
 from .registry import KernelFn, NodeInfo, register, with_replay_form
@@ -56,9 +57,39 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         def row_sum(a: Any, axis: int, keepdims: bool) -> Any:
             return xp.sum(a, axis=axis, keepdims=keepdims)
     scalars: dict = {}  # (compute dtype, hidden) -> (hidden, eps) as scalars of that dtype
-    #: `one_row`'s arguments for the last one-row call into preallocated outputs: the
-    #: same arrays again (a replayed launch) go straight to it
+    #: (function, arguments) of the last one-row call into preallocated outputs: the same
+    #: arrays again (a replayed launch) go straight to it
     planned = SameArrays()
+    # the simplified norm's float32 row compiled (`mlas_jit`: the same rounding), chosen once
+    compiled_row = mlas_jit.skip_rms_row if simplified and xp is np and mlas_jit.available("skip_rms_row") else None
+
+    def compiled_one_row(x: Any, skip: Any, gamma: Any, hidden: Any, epsilon: Any, s: Any, y: Any,
+                         results: tuple) -> list:
+        """`one_row` compiled, on flat float32 rows."""
+        compiled_row(x, skip, gamma, hidden, epsilon, s, y)
+        return list(results)
+
+    def compiled_call(inputs: list, outs: list, x: Any, skip: Any, gamma: Any, consts: tuple) -> list | None:
+        """The compiled one-row call (kept for these arrays where its outputs are the
+        preallocated ones), or None where it does not apply: not float32 throughout, not
+        one contiguous row, a mean or inverse-std output asked for."""
+        n_out, hidden = len(outs), x.shape[-1]
+        if (x.dtype != F32 or skip.dtype != F32 or gamma.dtype != F32 or gamma.ndim != 1 or x.size != hidden
+                or skip.size != hidden or gamma.size != hidden or not x.flags.c_contiguous
+                or not skip.flags.c_contiguous or not gamma.flags.c_contiguous
+                or any(n_out > i and (outs[i] is not None or wanted[i]) for i in (1, 2))):
+            return None
+        y_out, sum_out = outs[0], outs[3] if n_out > 3 else None
+        y = y_out if _row_buffer(y_out, x.shape) else np.empty(x.shape, F32)
+        s = sum_out if _row_buffer(sum_out, x.shape) else np.empty(x.shape, F32)
+        results = [y if y is y_out or dtype == F32 else emit(y_out, y, dtype), None, None, None]
+        if n_out > 3 and (sum_out is not None or wanted[3]):
+            results[3] = s if s is sum_out or sum_dtype == F32 else emit(sum_out, s, sum_dtype)
+        args = (x.reshape(-1), skip.reshape(-1), gamma, *consts, s.reshape(-1), y.reshape(-1),
+                tuple(results[:max(n_out, 1)]))
+        if y is y_out and results[0] is y and (n_out <= 3 or results[3] is None or s is sum_out):
+            planned.keep(inputs, outs, (compiled_one_row, args))
+        return compiled_one_row(*args)
 
     def one_row(x: Any, skip: Any, s: Any, gamma: Any, flat: Any, s_flat: Any,
                 consts: tuple, ct: np.dtype, results: tuple) -> list:
@@ -76,7 +107,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     def run(inputs: list, outs: list) -> list:
         plan = planned.kept_for(inputs, outs)
         if plan is not None:
-            return one_row(*plan)
+            return plan[0](*plan[1])
         n_in, n_out = len(inputs), len(outs)
         x, skip, gamma = inputs[0], inputs[1], inputs[2]
         if simplified:
@@ -89,6 +120,10 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         consts = scalars.get((ct, hidden))
         if consts is None:
             consts = scalars[(ct, hidden)] = (ct.type(hidden), ct.type(eps))
+        if compiled_row is not None and bias is None:
+            result = compiled_call(inputs, outs, x, skip, gamma, consts)
+            if result is not None:
+                return result
         y_out = outs[0]
         sum_out = outs[3] if n_out > 3 else None
         # the sum goes straight into the sum output where that holds the compute dtype
@@ -105,7 +140,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
             # one row (decode) into preallocated outputs: kept for the same arrays again
             # (the sum is in s already: it may be x's or skip's own buffer, written in place)
             plan = (gamma, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
-            planned.keep(inputs, outs, (x, skip, s, *plan))
+            planned.keep(inputs, outs, (one_row, (x, skip, s, *plan)))
             return normalize_row(*plan)
         if simplified and xp is np and s.size == hidden:
             # one row (decode), as `normalize_row` computes it
@@ -152,11 +187,19 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         return results[:max(n_out, 1)]
 
     def replay_form(inputs: list, outs: list) -> Any:
-        """`one_row` on the arguments kept for these very arrays, if the last call kept any."""
+        """The one-row call kept for these very arrays, if the last call kept one."""
         plan = planned.kept_for(inputs, outs)
-        return None if plan is None else lambda ins, outs_: one_row(*plan)
+        if plan is None:
+            return None
+        fn, args = plan
+        return lambda ins, outs_: fn(*args)
 
     return with_replay_form(run, replay_form)
+
+
+def _row_buffer(out: Any, shape: tuple) -> bool:
+    """Whether a preallocated output holds one float32 row of `shape`, contiguous."""
+    return out is not None and out.dtype == F32 and out.shape == shape and out.flags.c_contiguous
 
 
 def _sequential_sum(a: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +24,8 @@ from . import mlas_isa, numba_support
 
 F32 = np.dtype(np.float32)
 def available(name: str) -> bool:
-    """Whether the compiled `name` ("logistic", "sum_of_squares", "rotate_rows",
-    "decode_attention") is taken."""
+    """Whether the compiled `name` ("logistic", "sum_of_squares", "skip_rms_row",
+    "rms_rows", "rotate_rows", "decode_attention") is taken."""
     return numba_support.enabled() and _self_checked(name)
 
 
@@ -45,6 +47,31 @@ def _self_checked(name: str) -> bool:
             rows = (r.standard_normal((3, n)) * 5).astype(F32)
             same = same and np.array_equal(kernels.sum_of_squares(rows, np.empty((3, 1), F32)),
                                            ort_float32.sum_of_squares_emulated(rows))
+    elif name == "skip_rms_row":
+        from .contrib_norm import row_rms
+
+        same = True
+        for n in (7, 64, 576):
+            x, skip, gamma = ((r.standard_normal(n) * 3).astype(F32) for _ in range(3))
+            s, y = np.empty(n, F32), np.empty(n, F32)
+            skip_rms_row(x, skip, gamma, F32.type(n), F32.type(1e-5), s, y)
+            want_s = np.add(x, skip, dtype=F32)
+            want_y = np.divide(want_s, row_rms(want_s, np.empty(n, F32), (F32.type(n), F32.type(1e-5)), F32))
+            want_y = np.multiply(want_y, gamma, dtype=F32)
+            same = same and np.array_equal(s, want_s) and np.array_equal(y.view(np.int32), want_y.view(np.int32))
+    elif name == "rms_rows":
+        from .normalization import _rms_norm_as_onnxruntime
+
+        same = True
+        for rows_, n in ((3, 7), (2, 16), (3, 27), (1, 576)):
+            rows = (r.standard_normal((rows_, n)) * 3).astype(F32)
+            scale = r.standard_normal(n).astype(F32)
+            y, inv = np.empty((rows_, n), F32), np.empty(rows_, F32)
+            rms_rows(rows, scale, F32.type(1e-6), y, inv)
+            want_y, want_inv = _rms_norm_as_onnxruntime(rows, scale, (-1,), F32.type(1e-6), None,
+                                                        ort_float32.sum_of_squares_emulated)
+            same = same and np.array_equal(y.view(np.int32), want_y.view(np.int32)) \
+                and np.array_equal(inv, want_inv.reshape(-1))
     elif name == "rotate_rows":
         halves = (r.standard_normal((5, 2, 32)) * 4).astype(F32)
         cos, sin = r.uniform(-1, 1, (3, 32)).astype(F32), r.uniform(-1, 1, (3, 32)).astype(F32)
@@ -78,6 +105,19 @@ def logistic(flat: np.ndarray, into: np.ndarray, upper_clamp: bool) -> np.ndarra
 def sum_of_squares(rows: np.ndarray) -> np.ndarray:
     """`ort_float32.sum_of_squares_fma8` of the float32 rows (rows, n >= 16): (rows, 1)."""
     return _kernels().sum_of_squares(rows, np.empty((rows.shape[0], 1), F32))
+
+
+def skip_rms_row(x: np.ndarray, skip: np.ndarray, gamma: np.ndarray, hidden: np.float32, eps: np.float32,
+                 s: np.ndarray, y: np.ndarray) -> None:
+    """SkipSimplifiedLayerNormalization of one float32 row, C-contiguous 1-D arrays:
+    the sum into `s`, the output into `y` (`contrib_norm.row_rms`'s rounding)."""
+    _kernels().skip_rms_row(x, skip, gamma, hidden, eps, s, y)
+
+
+def rms_rows(rows: np.ndarray, scale: np.ndarray, eps: np.float32, y: np.ndarray, inv: np.ndarray) -> None:
+    """onnxruntime's RMS norm of float32 rows (R, n) C-contiguous, by `scale` (n,), into
+    `y` (R, n) and the inverse RMS into `inv` (R,)."""
+    _kernels().rms_rows(rows, scale, eps, y, inv)
 
 
 def rotate_rows(halves: np.ndarray, cos: np.ndarray, sin: np.ndarray, position: int,
@@ -187,32 +227,79 @@ def _kernels():
         return into
 
     @jit
-    def sum_of_squares_kernel(rows, sums):
-        """onnxruntime's vectorised sum of squares: 8 lanes of fma(x, x, lane), folded
-        8 -> 4 -> 2 -> 1; then 4 more as s + x*x where 4 are left; the rest fma."""
-        lanes = np.empty(8, f32)
-        n = rows.shape[1]
+    def fma8_sum_of_squares(x, lanes):
+        """onnxruntime's vectorised sum of squares of one row: 8 lanes of fma(x, x, lane),
+        folded 8 -> 4 -> 2 -> 1; then 4 more as s + x*x where 4 are left; the rest fma."""
+        n = x.shape[0]
         body = n - n % 8
+        for lane in range(8):
+            lanes[lane] = zero
+        for k0 in range(0, body, 8):
+            for lane in range(8):
+                v = x[k0 + lane]
+                lanes[lane] = fma32(v, v, lanes[lane])
+        f0, f1, f2, f3 = lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]
+        t0, t1 = f0 + f2, f1 + f3
+        s = t0 + t1
+        j = body
+        if n - j >= 4:
+            for k in range(j, j + 4):
+                s = s + x[k] * x[k]
+            j += 4
+        for k in range(j, n):
+            s = fma32(x[k], x[k], s)
+        return s
+
+    @jit
+    def sum_of_squares_kernel(rows, sums):
+        lanes = np.empty(8, f32)
+        for r in range(rows.shape[0]):
+            sums[r, 0] = fma8_sum_of_squares(rows[r], lanes)
+        return sums
+
+    r1, c1 = types.Array(types.float32, 1, "C", readonly=True), types.float32[::1]
+    r2, c2 = types.Array(types.float32, 2, "C", readonly=True), types.float32[:, ::1]
+
+    @numba.njit(types.none(r1, r1, r1, types.float32, types.float32, c1, c1), nogil=True, cache=True)
+    def skip_rms_row_kernel(x, skip, gamma, hidden, eps, s, y):
+        """SkipSimplifiedLayerNormalization of one row (`contrib_norm.row_rms`): s = x +
+        skip; the squares, each rounded, summed left to right; s / sqrt(sum / hidden +
+        eps) * gamma. `s` may be x's or skip's own buffer (each element read before it
+        is written)."""
+        total = zero
+        for i in range(x.shape[0]):
+            v = x[i] + skip[i]
+            s[i] = v
+            total = total + v * v
+        denom = np.sqrt(total / hidden + eps)
+        for i in range(s.shape[0]):
+            y[i] = (s[i] / denom) * gamma[i]
+
+    @numba.njit(types.none(r2, r1, types.float32, c2, c1), nogil=True, cache=True)
+    def rms_rows_kernel(rows, scale, eps, y, inv):
+        """onnxruntime's RMS norm of each row (`normalization._rms_norm_as_onnxruntime`):
+        from 16 elements the fma8 sum of squares and x * (1 / rms), below it the squares
+        summed left to right and x / rms; then times scale."""
+        n = rows.shape[1]
+        count = f32(n)
+        lanes = np.empty(8, f32)
         for r in range(rows.shape[0]):
             x = rows[r]
-            for lane in range(8):
-                lanes[lane] = zero
-            for k0 in range(0, body, 8):
-                for lane in range(8):
-                    v = x[k0 + lane]
-                    lanes[lane] = fma32(v, v, lanes[lane])
-            f0, f1, f2, f3 = lanes[0] + lanes[4], lanes[1] + lanes[5], lanes[2] + lanes[6], lanes[3] + lanes[7]
-            t0, t1 = f0 + f2, f1 + f3
-            s = t0 + t1
-            j = body
-            if n - j >= 4:
-                for k in range(j, j + 4):
-                    s = s + x[k] * x[k]
-                j += 4
-            for k in range(j, n):
-                s = fma32(x[k], x[k], s)
-            sums[r, 0] = s
-        return sums
+            if n >= 16:
+                total = fma8_sum_of_squares(x, lanes)
+            else:
+                total = x[0] * x[0]
+                for k in range(1, n):
+                    total = total + x[k] * x[k]
+            denom = np.sqrt(total / count + eps)
+            inverse = one / denom
+            inv[r] = inverse
+            if n >= 16:
+                for k in range(n):
+                    y[r, k] = (x[k] * inverse) * scale[k]
+            else:
+                for k in range(n):
+                    y[r, k] = (x[k] / denom) * scale[k]
 
     # one signature each, of C-contiguous arrays (numba would compile another for each
     # layout it meets, mid-decode): compiled once, up front, and fast on contiguous rows
@@ -316,13 +403,17 @@ def _kernels():
                 for h in range(head):
                     o[h] = row[h] * inverse
 
-    return _Kernels(logistic_kernel, sum_of_squares_kernel, rotate_rows_kernel, decode_attention_kernel,
-                    np.zeros((1, 1, 1), f32))
+    return _Kernels(logistic=logistic_kernel, sum_of_squares=sum_of_squares_kernel, skip_rms_row=skip_rms_row_kernel,
+                    rms_rows=rms_rows_kernel, rotate_rows=rotate_rows_kernel, decode_attention=decode_attention_kernel,
+                    no_bias=np.zeros((1, 1, 1), f32))
 
 
+@dataclass(frozen=True, slots=True)
 class _Kernels:
-    __slots__ = ("logistic", "sum_of_squares", "rotate_rows", "decode_attention", "no_bias")
-
-    def __init__(self, logistic, sum_of_squares, rotate_rows, decode_attention, no_bias) -> None:
-        self.logistic, self.sum_of_squares, self.rotate_rows = logistic, sum_of_squares, rotate_rows
-        self.decode_attention, self.no_bias = decode_attention, no_bias
+    logistic: Any
+    sum_of_squares: Any
+    skip_rms_row: Any
+    rms_rows: Any
+    rotate_rows: Any
+    decode_attention: Any
+    no_bias: np.ndarray  # the bias argument where there is none

@@ -33,6 +33,7 @@ import numpy as np
 from onnx import helper
 
 from ..dtypes import FLOATS
+from . import mlas_jit
 from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8, sum_of_squares_function
 from .registry import KernelFn, NodeInfo, register
 
@@ -147,10 +148,22 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
     inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
     as_onnxruntime = xp is np and compute in (F32, F64) and info.onnxruntime_rounding
     sum_of_squares = sum_of_squares_function() if as_onnxruntime else None  # compiled or emulated, chosen once
+    # float32 rows compiled (`mlas_jit`): onnxruntime's rounding, taken also where the plan
+    # does not ask for it (then it is the fastest form too); chosen once
+    compiled = (xp is np and compute == F32 and (info.onnxruntime_rounding or info.faster_onnxruntime_rounding)
+                and mlas_jit.available("rms_rows"))
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]
         axes = axes_for(x.ndim)
+        if compiled and x.dtype == F32 and scale.dtype == F32 and x.size:
+            found = _rms_norm_compiled(x, scale, len(axes), epsilon, outs[0])
+            if found is not None:
+                y, inv_rms = found
+                results = [_emit(outs[0], y, y_dtype_of(x, scale))]
+                if len(outs) > 1:
+                    results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
+                return results
         if as_onnxruntime and x.dtype == compute and scale.dtype == compute and x.size:
             y, inv_rms = _rms_norm_as_onnxruntime(x, scale, axes, epsilon, _work_buffer(outs[0], compute),
                                                   sum_of_squares)
@@ -163,6 +176,20 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
             results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
         return results
     return run
+
+
+def _rms_norm_compiled(x: np.ndarray, scale: np.ndarray, n_axes: int, epsilon: Any, out: Any) -> tuple | None:
+    """`_rms_norm_as_onnxruntime` of float32 x and a scale of one value per normalized
+    element, compiled (`mlas_jit.rms_rows`); None where the arrays do not fit (a
+    broadcast scale, a non-contiguous x)."""
+    rows_shape = x.shape[:x.ndim - n_axes]
+    n = x.size // max(int(np.prod(rows_shape, dtype=np.int64)), 1)
+    if scale.size != n or not x.flags.c_contiguous or not scale.flags.c_contiguous:
+        return None
+    y = out if out is not None and out.dtype == F32 and out.flags.c_contiguous else np.empty(x.shape, F32)
+    inv = np.empty(x.size // n, F32)
+    mlas_jit.rms_rows(x.reshape(-1, n), scale.reshape(-1), epsilon, y.reshape(-1, n), inv)
+    return y, inv.reshape(rows_shape + (1,) * n_axes)
 
 
 def _rms_norm_as_onnxruntime(x: np.ndarray, scale: np.ndarray, axes: tuple, epsilon: Any,
