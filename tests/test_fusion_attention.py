@@ -119,7 +119,7 @@ def _fill(buffers, rng, run, mask):
                 buf[..., 0, :] = False  # one fully masked row: a uniform softmax (Where form)
             else:
                 buf[...] = rng.standard_normal(buf.shape) * 3
-                buf[..., 1, 2:] = -np.inf
+                buf[..., min(1, buf.shape[-2] - 1), 2:] = -np.inf
                 if run % 2:
                     buf[..., 0, :] = -np.inf  # fully masked: NaN, unfused and fused alike
         elif name == "scale":
@@ -498,3 +498,25 @@ def test_fused_and_unfused_workbench_decodes_agree():
     a = workbench.Generator(fused).generate(PROMPT, 8, progress=False, eos_token_id=-1)
     b = workbench.Generator(plain).generate(PROMPT, 8, progress=False, eos_token_id=-1)
     assert a.tokens == b.tokens
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("form", ["where", "add", "dynamo_sdpa"])
+def test_one_token_attention_runs_compiled_vs_onnxruntime(form, compiled, monkeypatch):
+    """A decode step's one query token (batch 1): the fused kernel's float32 form
+    compiled in one call (`ops.attention_jit`) where numba is, numpy's otherwise; a
+    Where mask (with its fully masked row: a uniform softmax), an additive one (-inf
+    rows: NaN, as unfused), and dynamo's SDPA (the scale split over Q and K, a NaN
+    guard); GQA heads. Every run against onnxruntime's unfused graph."""
+    from workbench.ops import attention_jit
+
+    monkeypatch.setenv("WORKBENCH_NUMBA", "1" if compiled else "0")
+    calls = []
+    real = attention_jit.decode
+    monkeypatch.setattr(attention_jit, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    if form == "dynamo_sdpa":
+        session = _differential(_dynamo_sdpa_model(heads=6, kv_heads=2), sizes={"S": 1, "P": 5, "P + S": 6})
+    else:
+        session = _differential(_attention_model(heads=8, kv_heads=2, seq=1, mask=form))
+    assert len(_fused_nodes(session)) == 1
+    assert len(calls) == (RUNS if compiled else 0)

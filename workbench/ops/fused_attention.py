@@ -22,7 +22,10 @@ chain it replaces computes, op for op, in the inputs' dtype::
     out      = MatMul(probs, V_r)
 
 so a fully masked row behaves as it did unfused: Where(mask, s, -3.4e38) gives a
-uniform softmax, an additive -inf mask NaN (no special casing of either).
+uniform softmax, an additive -inf mask NaN (no special casing of either). One float32
+query token on the host runs compiled where numba is (`attention_jit`: the same
+arithmetic in one call, its sums in another order than BLAS's), unless the model
+rounds as onnxruntime.
 
 The repeated heads are never materialised on the common path: Q [B, Hkv * r, S, D] is
 read as [B, Hkv, r * S, D] (query heads of one kv head are adjacent), one batched
@@ -39,6 +42,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from . import attention_jit
 from .contrib import F32, F64, attr_str, emit, out_dtype, pad_inputs
 from .registry import KernelFn, NodeInfo, register
 from .softmax import _softmax_into
@@ -60,12 +66,44 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
     nan_guard = bool(info.attr("nan_guard", 0))
     q_width = int(info.attr("q_width", 0))
     dtype = out_dtype(info)
+    # one float32 query token compiled (`attention_jit`; not where the model rounds as onnxruntime), chosen once
+    compiled = xp is np and not info.onnxruntime_rounding and attention_jit.available()
+
+    def one_token(q: Any, k: Any, v: Any, mask: Any, scale: Any, fill: Any, key_scale: Any, out: Any) -> Any:
+        """`attention_jit.decode` where the arrays are one float32 token's (Q [1, H, 1, D],
+        K / V [1, H / r, T, D], a mask of one row per head or one for all, scalar scales
+        and fill), else None."""
+        batch, heads, seq, width = q.shape
+        if (batch != 1 or seq != 1 or q.dtype != F32 or k.dtype != F32 or v.dtype != F32 or k.ndim != 4
+                or k.shape != v.shape or k.shape[0] != 1 or k.shape[3] != width or k.shape[1] * repeat != heads
+                or scale.size != 1 or scale.dtype != F32 or mask.ndim != 4 or mask.shape[0] != 1
+                or mask.shape[2] != 1 or mask.shape[1] not in (1, heads) or mask.shape[3] != k.shape[2]
+                or (key_scale is not None and (key_scale.size != 1 or key_scale.dtype != F32))):
+            return None
+        if mode == "where":
+            if mask.dtype != np.bool_ or fill is None or fill.size != 1:
+                return None
+            keep, bias, fill_value = mask[0, :, 0], None, F32.type(fill.reshape(-1)[0])
+        else:
+            if mask.dtype != F32:
+                return None
+            keep, bias, fill_value = None, mask[0, :, 0], F32.type(0)
+        target = out if out is not None and out.dtype == F32 and out.shape == q.shape and out.flags.c_contiguous \
+            else np.empty(q.shape, F32)
+        attention_jit.decode(q.reshape(heads, width), k[0], v[0], repeat, F32.type(scale.reshape(-1)[0]), keep,
+                             bias, fill_value, nan_guard, target.reshape(heads, width),
+                             None if key_scale is None else F32.type(key_scale.reshape(-1)[0]))
+        return target
 
     def run(inputs: list, outs: list) -> tuple:
         q, k, v, mask, scale, fill, key_scale = pad_inputs(inputs, 7)[:7]
         if q_width and q.shape[-1] != q_width:
             raise ValueError(f"Q is {q.shape[-1]} wide; the scale was computed at load for width {q_width} "
                              "(the model's inferred shapes)")
+        if compiled and q.ndim == 4:
+            y = one_token(q, k, v, mask, scale, fill, key_scale, outs[0])
+            if y is not None:
+                return (emit(outs[0], y, dtype, like=q),)
         if key_scale is not None:
             # each element scaled as the chain scales it; K before the repeat (a copy of
             # heads) and the transpose, which move elements without changing them
