@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 from array import array
+from itertools import compress
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,7 +110,7 @@ class IoRows:
         then = self._arrays
         if last.positions is not None or len(arrays) != len(then):
             return None
-        changed = [i for i, (now, before) in enumerate(zip(arrays, then)) if now is not before]
+        changed = list(compress(range(len(arrays)), map(operator.is_not, arrays, then)))
         if 2 * len(changed) > len(arrays):
             return None
         columns = tuple(column[:] for column in last.columns)  # copies: an owning block shares two pairs

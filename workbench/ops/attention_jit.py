@@ -40,33 +40,33 @@ def _self_checked() -> bool:
         keep = r.random((1, keys)) < 0.7
         keep[:, -1] = True
         bias = np.where(keep, 0, -np.inf).astype(F32)
-        out = np.empty((heads, width), F32)
+        got = np.empty((heads, width), F32)
         decode(q, k, v, repeat, F32.type(0.25), keep if mode == "where" else None, bias if mode == "add" else None,
-               F32.type(-3.0e38), True, out)
+               F32.type(-3.0e38), True, got)
         scores = np.einsum("hd,htd->ht", q, np.repeat(k, repeat, axis=0)) * np.float32(0.25)
         scores = np.where(keep, scores, np.float32(-3.0e38)) if mode == "where" else scores + bias
         e = np.exp(scores - scores.max(axis=-1, keepdims=True))
         want = np.einsum("ht,htd->hd", e / e.sum(axis=-1, keepdims=True), np.repeat(v, repeat, axis=0))
-        same = same and bool(np.allclose(out, want, rtol=1e-5, atol=1e-6))
+        same = same and bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
     return same
 
 
 def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, repeat: int, scale: np.float32,
            keep: np.ndarray | None, bias: np.ndarray | None, fill: np.float32, nan_guard: bool,
-           out: np.ndarray, key_scale: np.float32 | None = None) -> np.ndarray:
+           into: np.ndarray, key_scale: np.float32 | None = None) -> np.ndarray:
     """Attention of one token: q (H, D), keys / values (H / repeat, T, D) (query head h
     reads kv head h // repeat), float32; the scores times `scale`, or, with `key_scale`,
     each q element times `scale` and each key element times `key_scale` before their
     product (the scale split over both sides); the mask either `keep` (bool, (H | 1,
     T): a score kept, else `fill`) or `bias` (float32, (H | 1, T): added) or neither;
-    into `out` (H, D). Arrays are made C-contiguous first where they are not (the
+    into `into` (H, D). Arrays are made C-contiguous first where they are not (the
     kernel has one signature, compiled once)."""
     kernels = _kernels()
     where, add, split = keep is not None, bias is not None, key_scale is not None
     kernels(_contiguous(q), _contiguous(keys), _contiguous(values), repeat, scale,
             key_scale if split else F32.type(1), split, _contiguous(keep) if where else _NO_KEEP,
-            _contiguous(bias) if add else _NO_BIAS, where, add, fill, nan_guard, out)
-    return out
+            _contiguous(bias) if add else _NO_BIAS, where, add, fill, nan_guard, into)
+    return into
 
 
 _NO_KEEP = np.ones((1, 1), bool)
@@ -89,7 +89,8 @@ def _kernels():
     @numba.njit(types.none(r2, r3, r3, types.int64, types.float32, types.float32, types.boolean, keep_rows, r2,
                            types.boolean, types.boolean, types.float32, types.boolean, types.float32[:, ::1]),
                 nogil=True, cache=True)
-    def decode_kernel(q, keys, values, repeat, scale, key_scale, split, keep, bias, where, add, fill, nan_guard, out):
+    def decode_kernel(q, keys, values, repeat, scale, key_scale, split, keep, bias, where, add, fill, nan_guard,
+                      into):
         heads, width = q.shape
         total = keys.shape[1]
         scores = np.empty(total, f32)
@@ -125,12 +126,12 @@ def _kernels():
                 scores[t] = e
                 sum_ += e
             for d in range(width):
-                out[h, d] = zero
+                into[h, d] = zero
             for t in range(total):
                 p = scores[t] / sum_
                 if nan_guard and np.isnan(p):
                     p = zero
                 for d in range(width):
-                    out[h, d] += p * values[kv, t, d]
+                    into[h, d] += p * values[kv, t, d]
 
     return decode_kernel

@@ -197,12 +197,11 @@ class HostDecode:
         pos = min(max(p, 0), present_len - 1)
         if bias is not None and exact_attention and bias.shape[-1] <= pos:
             return None
-        if self.halves is not None:  # the caches read at each call (a graph may compute them every step)
-            cos, sin = inputs[7], inputs[8]
+        if self.halves is not None:
+            cos, sin = inputs[7], inputs[8]  # read at each call: a graph may compute them every step
             if (cos.dtype != self.rotated.dtype or cos.ndim != 2 or sin.shape != cos.shape or sin.dtype != cos.dtype
                     or cos.shape[1] != self.rotated.shape[2]):
                 return None
-        if self.halves is not None:
             r = p if position_ids is None else numpy_first_int(position_ids)
             r = min(max(r, 0), cos.shape[0] - 1)
             if self.pair is not None:
@@ -226,7 +225,7 @@ class HostDecode:
 
         if exact_attention:  # every row 0..pos, the window's masked as onnxruntime masks them
             total = pos + 1
-            if bias is not None:  # its whole width (rows `total` on unread): a view the kernel takes as it is
+            if bias is not None:  # its whole width: the kernel reads its first `total` columns
                 bias = self.grouped(bias.astype(np.float32, copy=False))
             exact_attention(self.q, presents[0][0], presents[1][0], self.alpha,
                             total - window if 0 < window < total else 0, bias, out=self.out, total=total)
