@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import operator
 from array import array
-from itertools import compress
 from collections.abc import Iterator
+from itertools import compress
 from typing import Any
 
 from ..addresses import owned_addresses, rooted_addresses, same_objects
