@@ -5,7 +5,9 @@
 numpy hands such a product to its BLAS's sgemv, which on these 2-core machines
 streams SmolLM2-135M's float32 weights in ~20 ms a token (onnxruntime's whole step is
 ~18 ms). Here each output is one dot over its contiguous row, the rows split between
-two threads (numba's parallel loop on a thread-safe layer, else one thread); the sums
+two threads (numba's parallel loop on a thread-safe layer, else one thread), four rows
+a pass (each element of x loaded once for the four; 20-30% faster than a row at a
+time on SmolLM2's lm_head, 49152 x 576, where onnxruntime's MLAS was ahead); the sums
 are reassociated (vectorised), so a product differs from BLAS's in the last bits, as
 BLAS's differs from onnxruntime's: a float model keeps "within a few ulps". Models that
 ask for onnxruntime's rounding never come here. `WORKBENCH_NUMBA=0` turns it off.
@@ -54,7 +56,20 @@ def _kernels():
     zero = np.float32(0.0)
 
     def rows(x, w, y):
-        for n in numba.prange(w.shape[0]):
+        # four rows a pass: each x[k] loaded once for four products, four sums in flight
+        quads = w.shape[0] // 4
+        for q in numba.prange(quads):
+            n = 4 * q
+            r0, r1, r2, r3 = w[n], w[n + 1], w[n + 2], w[n + 3]
+            s0 = s1 = s2 = s3 = zero
+            for k in range(x.shape[0]):
+                xk = x[k]
+                s0 += xk * r0[k]
+                s1 += xk * r1[k]
+                s2 += xk * r2[k]
+                s3 += xk * r3[k]
+            y[n], y[n + 1], y[n + 2], y[n + 3] = s0, s1, s2, s3
+        for n in range(4 * quads, w.shape[0]):
             row = w[n]
             s = zero
             for k in range(row.shape[0]):
