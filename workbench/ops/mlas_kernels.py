@@ -31,24 +31,18 @@ def fma32(typingctx, a, b, c):
     return sig, codegen
 
 
-@intrinsic
-def float32_of_bits(typingctx, word):
-    """The float32 whose bits are the int32 `word`."""
-    sig = types.float32(types.int32)
+def _bitcast(source, target):
+    """An intrinsic giving the `target` value whose bits are the `source` word."""
+    @intrinsic
+    def of_bits(typingctx, word):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+        return target(source), codegen
+    return of_bits
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-    return sig, codegen
 
-
-@intrinsic
-def float64_of_bits(typingctx, word):
-    """The float64 whose bits are the int64 `word`."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-    return sig, codegen
+float32_of_bits = _bitcast(types.int32, types.float32)  # the float32 of an int32's bits
+float64_of_bits = _bitcast(types.int64, types.float64)  # the float64 of an int64's bits
 
 
 jit = functools.partial(numba.njit, nogil=True, cache=True)
