@@ -179,14 +179,15 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
 
 
 def _rms_norm_compiled(x: np.ndarray, scale: np.ndarray, n_axes: int, epsilon: Any, out: Any) -> tuple | None:
-    """`_rms_norm_as_onnxruntime` of float32 x and a scale of one value per normalized
-    element, compiled (`mlas_jit.rms_rows`); None where the arrays do not fit (a
-    broadcast scale, a non-contiguous x)."""
+    """`_rms_norm_as_onnxruntime` of float32 x and a scale of the normalized axes' shape,
+    compiled (`mlas_jit.rms_rows`); None where the arrays do not fit (a broadcast scale,
+    a non-contiguous x)."""
     rows_shape = x.shape[:x.ndim - n_axes]
-    n = x.size // max(int(np.prod(rows_shape, dtype=np.int64)), 1)
-    if scale.size != n or not x.flags.c_contiguous or not scale.flags.c_contiguous:
+    if scale.shape != x.shape[x.ndim - n_axes:] or not x.flags.c_contiguous or not scale.flags.c_contiguous:
         return None
-    y = out if out is not None and out.dtype == F32 and out.flags.c_contiguous else np.empty(x.shape, F32)
+    n = scale.size
+    y = out if (out is not None and out.dtype == F32 and out.shape == x.shape
+                and out.flags.c_contiguous) else np.empty(x.shape, F32)
     inv = np.empty(x.size // n, F32)
     mlas_jit.rms_rows(x.reshape(-1, n), scale.reshape(-1), epsilon, y.reshape(-1, n), inv)
     return y, inv.reshape(rows_shape + (1,) * n_axes)
