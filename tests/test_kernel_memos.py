@@ -72,3 +72,30 @@ def test_expand_views_its_input_for_every_layout_and_dtype_vs_onnxruntime():
         for name, g, w in zip(("y", "e", "z", "w"), got, want):
             assert g.shape == w.shape and g.dtype == w.dtype, (run, name)
             np.testing.assert_array_equal(g, w, err_msg=f"run {run}: {name}")
+
+
+def test_unsqueeze_follows_a_growing_dim_with_axes_placed_once_per_rank():
+    """Unsqueeze's output shape worked out per input rank (the 1s' positions), not per
+    shape: a dim that grows every run (a decode's length), negative and unordered axes,
+    a rank change; 8 runs, the input refilled, against onnxruntime."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes_a"], ["a"]),
+             helper.make_node("Unsqueeze", ["x", "axes_b"], ["b"]),
+             helper.make_node("Add", ["a", "one"], ["c"])]
+    graph = helper.make_graph(
+        nodes, "unsqueeze",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b", "c")],
+        [helper.make_tensor("axes_a", TensorProto.INT64, [2], [-1, 0]),
+         helper.make_tensor("axes_b", TensorProto.INT64, [3], [3, 1, -5]),
+         helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ours = workbench.InferenceSession(model)
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(53)
+    for run in range(8):
+        x = rng.standard_normal((2 + run % 2, 3 + run)).astype(np.float32)  # the length grows every run
+        got = ours.run(None, {"x": x})
+        want = peer.run(None, {"x": x.copy()})
+        for name, g, w in zip("abc", got, want):
+            assert g.shape == w.shape, (run, name, g.shape, w.shape)
+            np.testing.assert_array_equal(g, w, err_msg=f"run {run}: {name}")

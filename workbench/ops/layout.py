@@ -197,17 +197,34 @@ def squeeze_13(info: NodeInfo) -> KernelFn:
 
 def _unsqueezed(shape: tuple, axes: tuple[int, ...]) -> tuple[int, ...]:
     """Insert 1s at `axes`, negative ones counted against the output rank."""
-    rank = len(shape) + len(axes)
-    ones = {a + rank if a < 0 else a for a in axes}
-    if len(ones) != len(axes) or not all(0 <= a < rank for a in ones):
-        raise ValueError(f"Unsqueeze axes {axes} are invalid for an input of rank {len(shape)}")
-    dims = iter(shape)
-    return tuple(1 if i in ones else next(dims) for i in range(rank))
+    for at in _unsqueeze_positions(len(shape), axes):
+        shape = shape[:at] + (1,) + shape[at:]
+    return shape
+
+
+def _unsqueeze_positions(rank: int, axes: tuple[int, ...]) -> tuple[int, ...]:
+    """Where the 1s go in the output, ascending (each inserted in turn lands there)."""
+    out_rank = rank + len(axes)
+    ones = {a + out_rank if a < 0 else a for a in axes}
+    if len(ones) != len(axes) or not all(0 <= a < out_rank for a in ones):
+        raise ValueError(f"Unsqueeze axes {axes} are invalid for an input of rank {rank}")
+    return tuple(sorted(ones))
 
 
 def _unsqueeze_kernel(axes: list[int]) -> KernelFn:
     axis = tuple(axes)
-    target_of = shape_memo(lambda s: _unsqueezed(s, axis))
+    # the positions per input rank: a decode's growing dim misses any per-shape memo
+    # every step, and the positions do not depend on the dims
+    positions: dict[int, tuple[int, ...]] = {}
+
+    def target_of(shape: tuple) -> tuple:
+        at = positions.get(len(shape))
+        if at is None:
+            at = positions[len(shape)] = _unsqueeze_positions(len(shape), axis)
+        for i in at:
+            shape = shape[:i] + (1,) + shape[i:]
+        return shape
+
     return unary(lambda x: x.reshape(target_of(x.shape)))
 
 
@@ -355,8 +372,21 @@ def split_13(info: NodeInfo) -> KernelFn:
 
 
 def _broadcast_shape(in_shape: tuple, shape: list[int]) -> tuple[int, ...]:
-    """Expand broadcasts both ways: a 1 in `shape` keeps the input's dim."""
-    return tuple(np.broadcast_shapes(tuple(in_shape), tuple(shape)))
+    """Expand broadcasts both ways: a 1 in `shape` keeps the input's dim. (numpy's
+    broadcasting rule, written out: `np.broadcast_shapes` costs several microseconds,
+    and a decode's growing dim asks again every step.)"""
+    a, b = tuple(in_shape), tuple(shape)
+    if len(a) < len(b):
+        a = (1,) * (len(b) - len(a)) + a
+    elif len(b) < len(a):
+        b = (1,) * (len(a) - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shape mismatch: objects cannot be broadcast to a single shape: {in_shape} and "
+                             f"{tuple(shape)}")
+        out.append(y if x == 1 else x)
+    return tuple(out)
 
 
 def _broadcast_plan(in_shape: tuple, target: tuple, itemsize: int) -> tuple[tuple, tuple]:
