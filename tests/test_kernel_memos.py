@@ -99,3 +99,25 @@ def test_unsqueeze_follows_a_growing_dim_with_axes_placed_once_per_rank():
         for name, g, w in zip("abc", got, want):
             assert g.shape == w.shape, (run, name, g.shape, w.shape)
             np.testing.assert_array_equal(g, w, err_msg=f"run {run}: {name}")
+
+
+def test_expand_broadcast_shape_is_numpys_rule():
+    """`layout._broadcast_shape`, numpy's broadcasting rule written out, against
+    `np.broadcast_shapes` over every pair of shapes of rank <= 3 with dims 1-3 (and
+    shapes with a zero dim): the same shape, or both refuse."""
+    import itertools
+
+    from workbench.ops.layout import _broadcast_shape
+
+    shapes = [s for rank in range(4) for s in itertools.product((1, 2, 3), repeat=rank)]
+    shapes += [(0,), (0, 3), (2, 0), (1, 0, 1)]
+    for a, b in itertools.product(shapes, repeat=2):
+        try:
+            want = tuple(np.broadcast_shapes(a, b))
+        except ValueError:
+            want = None
+        try:
+            got = _broadcast_shape(a, list(b))
+        except ValueError:
+            got = None
+        assert got == want, (a, b)
