@@ -63,18 +63,16 @@ def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, repeat: int, sca
     kernel has one signature, compiled once)."""
     kernels = _kernels()
     where, add, split = keep is not None, bias is not None, key_scale is not None
-    kernels(_contiguous(q), _contiguous(keys), _contiguous(values), repeat, scale,
-            key_scale if split else F32.type(1), split, _contiguous(keep) if where else _NO_KEEP,
-            _contiguous(bias) if add else _NO_BIAS, where, add, fill, nan_guard, into)
+    contiguous = np.ascontiguousarray  # the array itself where it already is
+    kernels(contiguous(q), contiguous(keys), contiguous(values), repeat, scale,
+            key_scale if split else F32.type(1), split, contiguous(keep) if where else _NO_KEEP,
+            contiguous(bias) if add else _NO_BIAS, where, add, fill, nan_guard, into)
     return into
 
 
 _NO_KEEP = np.ones((1, 1), bool)
 _NO_BIAS = np.zeros((1, 1), F32)
 
-
-def _contiguous(a: np.ndarray) -> np.ndarray:
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 @functools.cache

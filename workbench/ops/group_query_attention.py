@@ -254,12 +254,12 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # kernel, and, where onnxruntime runs MLAS's FMA3 or AVX-512F softmax, its flash attention
     # (`mlas_attention`; softcap and smooth softmax take onnxruntime's other path)
     exact_rotary = onnxruntime_rotary(info)
-    exact_attention = exact_rotary and mlas_isa.isa() in ("avx2", "avx512") and plain_host and local_window != 0
+    mlas_host = plain_host and local_window != 0 and mlas_isa.isa() in ("avx2", "avx512")
+    exact_attention = exact_rotary and mlas_host
     # the one-token decode on the host takes onnxruntime's rounding also where the plan
     # does not ask for it, when that runs compiled (`mlas_jit`): then it is the fastest form
     # too (a few microseconds a call against numpy's twenty calls)
-    compiled_decode = (info.faster_onnxruntime_rounding and plain_host and local_window != 0
-                       and mlas_isa.isa() in ("avx2", "avx512") and mlas_jit.available("rotate_rows")
+    compiled_decode = (info.faster_onnxruntime_rounding and mlas_host and mlas_jit.available("rotate_rows")
                        and mlas_jit.available("decode_attention"))
     decode_rotary, decode_attention = exact_rotary or compiled_decode, exact_attention or compiled_decode
 

@@ -197,7 +197,12 @@ def squeeze_13(info: NodeInfo) -> KernelFn:
 
 def _unsqueezed(shape: tuple, axes: tuple[int, ...]) -> tuple[int, ...]:
     """Insert 1s at `axes`, negative ones counted against the output rank."""
-    for at in _unsqueeze_positions(len(shape), axes):
+    return _with_ones(shape, _unsqueeze_positions(len(shape), axes))
+
+
+def _with_ones(shape: tuple, positions: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` with a 1 inserted at each of the ascending output `positions`."""
+    for at in positions:
         shape = shape[:at] + (1,) + shape[at:]
     return shape
 
@@ -221,9 +226,7 @@ def _unsqueeze_kernel(axes: list[int]) -> KernelFn:
         at = positions.get(len(shape))
         if at is None:
             at = positions[len(shape)] = _unsqueeze_positions(len(shape), axis)
-        for i in at:
-            shape = shape[:i] + (1,) + shape[i:]
-        return shape
+        return _with_ones(shape, at)
 
     return unary(lambda x: x.reshape(target_of(x.shape)))
 

@@ -1,7 +1,11 @@
-"""Compiled twins (numba) of numpy emulations of onnxruntime's float32 arithmetic:
-MLAS's logistic (`ort_float32.logistic`), onnxruntime's RMS-norm sum of squares
-(`ort_float32.sum_of_squares_fma8`), MLAS's rotary embedding (`ort_float32.rotate_pair`)
-and its one-token GroupQueryAttention decode (`mlas_attention.decode_attention`).
+"""Compiled twins (numba) of numpy forms of onnxruntime's float32 arithmetic: MLAS's
+logistic (`ort_float32.logistic`), onnxruntime's RMS-norm sum of squares
+(`ort_float32.sum_of_squares_fma8`) and whole RMS-norm rows
+(`normalization._rms_norm_as_onnxruntime`), SkipSimplifiedLayerNormalization's row
+(`contrib_norm.row_rms`), MLAS's rotary embedding (`ort_float32.rotate_pair`) and its
+one-token GroupQueryAttention decode (`mlas_attention.decode_attention`). The kernels
+themselves are in `mlas_kernels`; each has one signature of C-contiguous arrays, which
+the wrappers here give it (`np.ascontiguousarray` copies only where needed).
 
 The emulations are exact but cost tens of numpy calls each (their fmas are float64
 sums checked for double rounding); a step of SmolLM2-135M's int4 export ran 30 of each.
@@ -124,10 +128,10 @@ def rotate_rows(halves: np.ndarray, cos: np.ndarray, sin: np.ndarray, position: 
                 rotated: np.ndarray) -> None:
     """`ort_float32.rotate_pair` of the float32 rows' halves (rows, 2, half) by row
     `position` of the cos/sin caches (positions, half), into `rotated` (rows, 2, half).
-    The kernel takes C-contiguous arrays (one signature, compiled once); others are
-    copied first, the result too."""
+    Non-contiguous arrays are copied first, the result too."""
     into = rotated if rotated.flags.c_contiguous else np.empty(rotated.shape, F32)
-    _kernels().rotate_rows(_contiguous(halves), _contiguous(cos), _contiguous(sin), position, into)
+    contiguous = np.ascontiguousarray  # the array itself where it already is
+    _kernels().rotate_rows(contiguous(halves), contiguous(cos), contiguous(sin), position, into)
     if into is not rotated:
         rotated[...] = into
 
@@ -136,15 +140,15 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
                      into: np.ndarray, bias: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
     """`mlas_attention.decode_attention` of float32 q (KV, G, H) over rows 0..total-1 of
     the keys and values (KV, L >= total, H; total None: all L), into `into` (KV, G, H)
-    float32; `bias` None or float32 (KV | 1, G | 1, W >= total). The kernel takes
-    C-contiguous arrays (one signature, compiled once): a whole cache and the rows
-    to read, not a view of those rows; others are copied first."""
+    float32; `bias` None or float32 (KV | 1, G | 1, W >= total). Pass a whole cache and
+    the rows to read, not a view of those rows, which would be copied first."""
     kernels = _kernels()
     has_bias = bias is not None
     out = into if into.flags.c_contiguous else np.empty(into.shape, F32)
-    kernels.decode_attention(_contiguous(q), _contiguous(keys), _contiguous(values),
+    contiguous = np.ascontiguousarray  # the array itself where it already is
+    kernels.decode_attention(contiguous(q), contiguous(keys), contiguous(values),
                              keys.shape[1] if total is None else total, np.float32(scale), window_start, out,
-                             _wide(), _contiguous(bias) if has_bias else kernels.no_bias, has_bias)
+                             _wide(), contiguous(bias) if has_bias else kernels.no_bias, has_bias)
     if out is not into:
         into[...] = out
     return into
@@ -154,9 +158,6 @@ def _wide() -> bool:
     """Whether MLAS takes its AVX-512F sum-exp kernel here (16 lanes), else FMA3's (8)."""
     return mlas_isa.isa() == "avx512"
 
-
-def _contiguous(a: np.ndarray) -> np.ndarray:
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 @functools.cache
