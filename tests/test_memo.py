@@ -99,14 +99,14 @@ def test_symbol_wrongly_believed_invariant_forces_a_rebuild():
     gen = Generator(session)
     reference = _decode(_session("gpt2", decode_memo=False), tokens=12).tokens
     executor = session.executor
-    original = executor._build_memo
+    original = executor.preparer.build_memo
 
-    def forgetful_build(prev, bindings, signature):
-        original(prev, bindings, signature)
+    def forgetful_build(state, prev, bindings, signature):
+        original(state, prev, bindings, signature)
         # pretend the KV length never varies: the guard must catch its next change
         executor.state.memo.varying = frozenset({"total_sequence_length"})
 
-    executor._build_memo = forgetful_build
+    executor.preparer.build_memo = forgetful_build
     got = gen.generate(PROMPT, 12, progress=False, eos_token_id=-1)
     assert got.tokens == reference
     timeline = session.recording.memo_timeline()
@@ -124,7 +124,7 @@ def test_moved_stage2_source_forces_a_rebuild_and_latches_after_two():
 
     def run_and_move(*args, **kwargs):
         env = original_run(*args, **kwargs)
-        steps.append(executor.memo_state())
+        steps.append(executor.preparer.view_plan_state(executor.state))
         plan = executor.state.view_plan
         if plan is not None and plan.validated and len(steps) >= 5:
             for owner in plan.sources:  # the buffer moves: same shape, new address
@@ -146,14 +146,14 @@ def test_verify_mode_catches_an_injected_wrong_replay():
     session = _session("gpt2", decode_memo_verify=True)
     gen = Generator(session)
     executor = session.executor
-    original = executor._build_memo
+    original = executor.preparer.build_memo
 
-    def corrupting_build(prev, bindings, signature):
-        original(prev, bindings, signature)
+    def corrupting_build(state, prev, bindings, signature):
+        original(state, prev, bindings, signature)
         vid = next(v for v, shape in executor.state.memo.invariant.items() if shape and len(shape) == 3)
         executor.state.memo.invariant[vid] = executor.state.shapes[vid] = (9, 9, 9)  # a wrong replayed shape
 
-    executor._build_memo = corrupting_build
+    executor.preparer.build_memo = corrupting_build
     with pytest.raises(MemoVerifyError, match="replayed shape \\(9, 9, 9\\)"):
         gen.generate(PROMPT, 6, progress=False, eos_token_id=-1)
 

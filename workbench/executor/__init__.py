@@ -6,9 +6,9 @@ One decode step, in the order a newcomer can read it:
    symbols (`shapes.py`), prepare the step, make the run's scratch (`step_run.py`
    `StepRun`: the values, the node loop, owners, views, what the memo serves), hand it
    to the capture runner, shadow-check, record (`step_trace.py`).
-2. `memo_steps.py` `_plan_step`: full preparation or a decode-plan memo replay; the
-   decisions themselves are pure functions in `memo.py`, the storage layout in
-   `storage.py`.
+2. `prepare.py` `StepPreparer.prepare`: full preparation or a decode-plan memo replay,
+   returned as a `PreparedStep` (action, reason, steady); the decisions themselves are
+   pure functions in `memo.py`, the storage layout in `storage.py`.
 3. `capture_runner.py` `run_step`: eager, capture or replay per captured segment; the
    segmentation, every decline reason and the captured graph itself (`CapturedGraph`:
    its signature, `mismatch`, `replay`, `free`) are in `capture.py`.

@@ -27,7 +27,7 @@ eager step or makes its node a seam with a reason:
   is a validated shape-fold value (`baked`: host copies taken at an eager rebuild step
   and checked at an eager replay; `run_step` does not capture while a fold awaits its
   check), and a read anyway raises `CaptureViolation` (quarantine);
-- view geometry (`StepRun.observed`), the Stage-2 guard (`_param_keys`: fold values'
+- view geometry (`StepRun.observed`), the Stage-2 guard (`StepPreparer.param_keys`: fold values'
   host twins inside segments), memo verification: addresses, shapes and strides,
   which a recorded launch has as a real one does;
 - the shadow check, bound-output copies and the caller's outputs: after the step,

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,57 +22,19 @@ from ..rewrite.kernel_info import requantizes_activations
 from .capture import SlotCapture
 from .capture_runner import CaptureRunner
 from .memo import MemoStats
-from .memo_steps import DecodeMemoSteps
 from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
+from .prepare import Dispatch, StepPreparer
 from .shadow import Shadow
-from .shapes import SymbolBinder, input_symbols, resolve, symbols_in
+from .shapes import SymbolBinder, input_symbols, resolve
 from .slot_state import SlotState
 from .step_run import StepRun
 from .step_trace import StepTrace
-from .storage import ALIAS, VIEW, plan_storage
+from .storage import ALIAS
 from .views import KnownAddresses, address, is_view_of
 
 
-@dataclass
-class _Dispatch:
-    """What one plan node needs at run time, prepared per binding signature."""
-
-    p: PlanNode
-    outs: list  # preallocated output arrays (None: resolved just in time)
-    lazy: tuple  # (slot, buffer owner, value, dtype) fetched each run (release mode)
-    dynamic: tuple  # (slot, value id) resolved from just-in-time symbols
-    view: bool  # may return a zero-copy view of input 0
-    release: tuple  # owner ids whose storage dies after this node
-    contiguous: tuple  # input positions the kernel needs C-contiguous
-    skippable: bool  # an If that may be skipped (`PlanNode.skippable_if`)
-    alias: tuple | None  # (output id, input id) the node writes in place of, for the trace
-    #: (kernel, its inputs from the values, output arrays, output ids, `alias`) where the
-    #: node needs nothing but the kernel call (`plain_call`); None: the full `_dispatch_node`
-    plain: tuple | None = None
-
-
-def plain_call(d: _Dispatch) -> tuple | None:
-    """What the node loop needs to run `d` as a bare kernel call (and its in-place row,
-    if it writes over an input), where nothing else is ever done for it: no If to skip,
-    no buffer fetched or released, no view to take, no input to make contiguous, every
-    input given. Prepared once per binding signature; the output arrays are `d.outs`,
-    which a memo replay refills in place."""
-    p = d.p
-    if (d.skippable or d.lazy or d.dynamic or d.view or d.release or d.contiguous
-            or not p.inputs or min(p.inputs) < 0 or not p.outputs or min(p.outputs) < 0):
-        return None
-    if len(p.inputs) == 1:
-        only = p.inputs[0]
-
-        def inputs_of(values: list, only: int = only) -> tuple:
-            return (values[only],)
-    else:
-        inputs_of = operator.itemgetter(*p.inputs)  # one C call: a tuple of the inputs
-    return (p.fn, inputs_of, d.outs, p.outputs, d.alias)
-
-
-class Executor(DecodeMemoSteps):
+class Executor:
     """Executes one graph. Owner buffers persist across runs while their shape holds.
 
     `fresh_arrays` executors (subgraph bodies) never preallocate: each run's values are
@@ -122,11 +82,15 @@ class Executor(DecodeMemoSteps):
         self.capture_runner = CaptureRunner(self.plan, graph, backend, self.options, self.env, self.input_symbols,
                                             self.step_trace)
         self._if_predicates: dict[int, bool] = {}
+        #: the last step's prepared plan held as it was (`PreparedStep.steady`)
         self._steady = False
         #: the last run's scratch (`StepRun`); a new one every run
         self.step: StepRun | None = None
-        #: plan index of a view node -> (its source input, its runtime parameter inputs)
-        self._view_params: dict[int, tuple[int, tuple[int, ...]]] = {}
+        #: prepares each step: the full resolve, or a decode-plan memo replay
+        self.preparer = StepPreparer(graph, self.plan, self.options, backend, self.env, self.memo_stats,
+                                     self._buffer, fresh_arrays=fresh_arrays,
+                                     skippable_outputs=self._skippable_outputs,
+                                     kernel_allocated=self.kernel_allocated, untrusted=self._untrusted)
 
     def _enter_slot(self, slot: str) -> None:
         if slot != self.state.name:
@@ -180,62 +144,6 @@ class Executor(DecodeMemoSteps):
             env[vid] = None
         released[owner] = plan_index
 
-    # -- preparing a step: full resolve, or a decode-plan memo replay ---------------
-
-    def _full_prepare(self, bindings: dict[str, int], bound: dict[int, Any]) -> None:
-        """Resolve every shape, lay out storage and preallocate outputs."""
-        values = self.graph.values
-        opts = self.options
-        self.state.shapes = shapes = {v.id: resolve(v.shape, bindings) for v in values
-                                 if v.dtype is not None and not self.fresh_arrays}
-        for vid, arr in bound.items():
-            shapes[vid] = tuple(arr.shape)
-        release = opts.release_dead_values and not self.fresh_arrays
-        self.state.storage = sp = plan_storage(
-            self.plan, views=opts.views, compute_in_place=opts.compute_in_place and not self.fresh_arrays,
-            release=release, shapes=shapes,
-            protected=set(self.graph.outputs) | set(bound) | self._skippable_outputs,
-        )
-        self.state.dispatch = []
-        self.state.preallocated = []
-        self.state.bound_slots = {}
-        self.state.handover = {}  # until a memo knows which outputs every replay re-sizes
-        for p in self.plan.nodes:
-            outs: list = []
-            lazy, dynamic = [], []
-            view = opts.views and p.spec.produces_view
-            for j, vid in enumerate(p.outputs):
-                outs.append(None)
-                if vid < 0:
-                    continue
-                if vid in bound:
-                    outs[j] = bound[vid]
-                    self.state.bound_slots[vid] = (p.index, j)
-                    continue
-                v = values[vid]
-                if (self.fresh_arrays or v.dtype is None or v.shape is None or view or sp.storage.get(vid) == VIEW
-                        or p.spec.kind == "host_fallback" or p.index in self.kernel_allocated):
-                    continue
-                owner = sp.owner.get(vid, vid)  # an in-place alias writes into its owner's buffer
-                if shapes.get(vid) is None:
-                    if not any(isinstance(d, str) and not self._untrusted.isdisjoint(symbols_in(d))
-                               for d in v.shape):
-                        dynamic.append((j, vid))
-                elif release:
-                    lazy.append((j, owner, vid, v.dtype))
-                else:
-                    outs[j] = self._buffer(owner, shapes[vid], v.dtype, p.index)
-                    self.state.preallocated.append((p.index, j, vid, owner))
-            d = _Dispatch(
-                p=p, outs=outs, lazy=tuple(lazy), dynamic=tuple(dynamic), view=view,
-                release=tuple(sp.release_after.get(p.index, ())),
-                contiguous=p.spec.contiguous_inputs,
-                skippable=p.skippable_if,
-                alias=in_place_pair(p, sp.in_place.get(p.index)),
-            )
-            d.plain = plain_call(d)
-            self.state.dispatch.append(d)
-
     # -- running --------------------------------------------------------------------
 
     def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None,
@@ -261,7 +169,7 @@ class Executor(DecodeMemoSteps):
             if self.options.decode_memo:
                 self.memo_stats.ineligible += 1  # a nested control-flow body
             if self.state.signature is not None:
-                self._full_prepare(bindings, bound)
+                self.preparer.full(self.state, bindings, bound)
                 self.state.signature = None
         else:
             self._enter_slot(slot)
@@ -269,7 +177,8 @@ class Executor(DecodeMemoSteps):
             if rec is not None:
                 rec.begin_step(slot=slot, phase=phase, bindings=bindings)
             self._peak = self._resident
-            action, reason = self._plan_step(feeds, bindings, bound)
+            prepared = self.preparer.prepare(self.state, feeds, bindings, bound, rec)
+            action, reason, self._steady = prepared.action, prepared.reason, prepared.steady
             setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)
             bindings = dict(bindings)  # just-in-time symbols join it during this run
         resolve_s = time.perf_counter() - t_start
@@ -283,8 +192,8 @@ class Executor(DecodeMemoSteps):
             fold = state.shape_fold
             if fold is not None and fold.validated:
                 step.folded = fold.nodes
-        step.baked = self.baked_values(step)
-        step.fold_pending = self.shape_fold_pending()
+        step.baked = self.preparer.baked_values(state, step)
+        step.fold_pending = self.preparer.fold_pending(state)
         if self.fresh_arrays:
             self._run_nodes(step, range(len(state.dispatch)))
             return env
@@ -293,10 +202,8 @@ class Executor(DecodeMemoSteps):
         if bound:
             self._fill_bound(env, bound)
         if action == "replayed" and self.options.decode_memo_verify:
-            self._verify_shapes_against_kernels(env)
-        self._stage2_after_run(action, step)
-        self._shape_fold_after_run(action)
-        self.memo_stats.shape_folded += len(step.folded)
+            self.preparer.verify_shapes(state, env)
+        self.preparer.after_run(state, action, step)
         divergences = self._shadow_check(snapshot, step, action, slot)
         reinstated = step.reinstated
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
@@ -304,7 +211,7 @@ class Executor(DecodeMemoSteps):
         self.memo_stats.views_reused += views_reused
         if rec is not None:
             trace = self.step_trace
-            trace.memo(rec, self.state, self.memo_state(), phase, slot, action, reason, resolve_s,
+            trace.memo(rec, self.state, self.preparer.view_plan_state(self.state), phase, slot, action, reason, resolve_s,
                        len(reinstated), views_reused)
             replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
             trace.liveness(rec, self.state, env, step.owners, step.released, step.pinned, replayed)
@@ -337,9 +244,9 @@ class Executor(DecodeMemoSteps):
         for k in indices:
             d = dispatch[k]
             if k in folded:
-                self._reinstate_shape_values(d.p, self.state.shape_fold, env, rec)
+                self.preparer.reinstate_shape_values(d.p, self.state.shape_fold, env, rec)
                 continue
-            if k in elided and self._reinstate_views(d.p, self.state.view_plan, step):
+            if k in elided and self.preparer.reinstate_views(d.p, self.state.view_plan, step):
                 step.reinstated.append(k)
                 continue
             call = d.plain
@@ -413,7 +320,7 @@ class Executor(DecodeMemoSteps):
                 {"decode_memo"} if action == "replayed" else set())))
         return found
 
-    def _dispatch_node(self, d: _Dispatch, step: StepRun, recorder: Any = None) -> None:
+    def _dispatch_node(self, d: Dispatch, step: StepRun, recorder: Any = None) -> None:
         """Run one node with all a node may need around its kernel. While traced, its
         row goes onto the step's node log, timed by the step's clock (the host's, or
         None: the backend's timers). While a segment is recorded, `recorder`
@@ -471,7 +378,7 @@ class Executor(DecodeMemoSteps):
         for owner in d.release:
             self._release(owner, p.index, env, step.released)
 
-    def _store_output(self, d: _Dispatch, j: int, vid: int, r: Any, ins: Any, step: StepRun,
+    def _store_output(self, d: Dispatch, j: int, vid: int, r: Any, ins: Any, step: StepRun,
                       outs: list | None = None) -> Any:
         """What output `j` (value `vid`) of node `d` holds when the kernel did not hand
         back its preallocated array: a view of input 0, its result copied into that
@@ -569,7 +476,7 @@ class Executor(DecodeMemoSteps):
             if dispatch.outs[j] is value:
                 del self.state.buffers[vid]
                 self._resident -= value.nbytes
-                dispatch.outs[j] = None  # the next replay's `_replay_prepare` gives it a new one
+                dispatch.outs[j] = None  # the next replay's `StepPreparer.replay_shapes` gives it a new one
                 return value
         return self.backend.to_host(value)
 
@@ -685,14 +592,6 @@ class Executor(DecodeMemoSteps):
 
         run.executor = child  # type: ignore[attr-defined]
         return run
-
-
-def in_place_pair(p: PlanNode, slot_and_position: tuple[int, int] | None) -> tuple[int, int] | None:
-    """(output id, input id) of a node the storage plan has write in place of an input."""
-    if slot_and_position is None:
-        return None
-    slot, pos = slot_and_position
-    return p.outputs[slot], p.inputs[pos]
 
 
 def kernel_error(p: PlanNode, values: list, ins: list, error: Exception) -> KernelError:

@@ -27,7 +27,7 @@ class SlotState:
     #: value id -> resolved shape: the persistent working shape map
     shapes: dict[int, tuple | None] = field(default_factory=dict)
     storage: StoragePlan | None = None
-    dispatch: list = field(default_factory=list)  # one `_Dispatch` per plan node
+    dispatch: list = field(default_factory=list)  # one `prepare.Dispatch` per plan node
     #: (plan index, output slot, value, owner) of every preallocated output
     preallocated: list[tuple[int, int, int, int]] = field(default_factory=list)
     #: the preallocated outputs whose shape moves with a varying symbol
