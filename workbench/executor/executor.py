@@ -24,7 +24,7 @@ from .capture_runner import CaptureRunner
 from .memo import MemoStats
 from .options import SessionOptions
 from .plan import KernelCache, Plan, PlanNode, build_plan
-from .prepare import Dispatch, StepPreparer
+from .prepare import Dispatch, PreparedStep, StepPreparer
 from .shadow import Shadow
 from .shapes import SymbolBinder, input_symbols, resolve
 from .slot_state import SlotState
@@ -153,37 +153,62 @@ class Executor:
         `bound_outputs` (value id -> array) are written in place: the caller's arrays
         become those values' buffers for this run.
         """
-        env = self.env
+        t_start = time.perf_counter()
+        env, bound, rec = self.env, bound_outputs or {}, self.recording
         for vid, arr in feeds.items():
             env[vid] = arr
-        bound = bound_outputs or {}
         self.addresses.next_step()
-        rec = self.recording
+        if self.fresh_arrays:  # a Loop or Scan body: every run prepared afresh, all its nodes eager
+            return self._run_fresh(bound)
+        self._enter_slot(slot)
+        bindings = self._binder.bind(feeds)
+        if rec is not None:
+            rec.begin_step(slot=slot, phase=phase, bindings=bindings)
+        self._peak = self._resident
+        prepared = self.preparer.prepare(self.state, feeds, bindings, bound, rec)
+        self._steady = prepared.steady
+        setattr(self.memo_stats, prepared.action, getattr(self.memo_stats, prepared.action) + 1)
+        resolve_s = time.perf_counter() - t_start
+        step = self._new_step(dict(bindings), prepared.action)  # just-in-time symbols join its bindings
+        snapshot = self._shadow_snapshot(feeds, bound, prepared.action)
+        capture_mode = self.capture_runner.run_step(step, prepared.steady, bound, slot)
+        if bound:
+            self._fill_bound(env, bound)
+        if prepared.action == "replayed" and self.options.decode_memo_verify:
+            self.preparer.verify_shapes(step.state, env)
+        self.preparer.after_run(step.state, prepared.action, step)
+        divergences = self._shadow_check(snapshot, step, prepared.action, slot)
+        views_reused = sum(len(self.plan.nodes[k].outputs) for k in step.reinstated)
+        self.memo_stats.dispatch_elided += len(step.reinstated)
+        self.memo_stats.views_reused += views_reused
+        if rec is not None:
+            self._trace_step(rec, step, prepared, phase, slot, feeds, bound, capture_mode == "replay", resolve_s,
+                             views_reused)
+            rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
+        if divergences and self.options.shadow == "raise":
+            raise divergence_error(divergences)
+        return env
+
+    def _run_fresh(self, bound: dict[int, Any]) -> list[Any]:
+        """A run on fresh arrays: prepared once (no shapes resolved, nothing
+        preallocated), every node dispatched, nothing memoised, captured or traced."""
+        if self.options.decode_memo:
+            self.memo_stats.ineligible += 1  # a nested control-flow body
+        if self.state.signature is not None:
+            self.preparer.full(self.state, {}, bound)
+            self.state.signature = None
+        step = self._new_step({}, "")
+        self._run_nodes(step, range(len(step.state.dispatch)))
+        return self.env
+
+    def _new_step(self, bindings: dict[str, int], action: str) -> StepRun:
+        """This run's scratch, with what the memo serves it: the nodes a validated view
+        plan may elide and a validated shape fold reinstates, on a replayed step."""
+        state, rec = self.state, self.recording
         # a traced step's eager nodes log their rows onto the Recording's node log,
         # timed by the host clock where the backend has one (`_dispatch_node`)
         node_log, clock = (rec.node_log(), self._host_clock) if rec is not None else (None, None)
-        t_start = time.perf_counter()
-        action = reason = ""
-        if self.fresh_arrays:
-            bindings: dict[str, int] = {}
-            if self.options.decode_memo:
-                self.memo_stats.ineligible += 1  # a nested control-flow body
-            if self.state.signature is not None:
-                self.preparer.full(self.state, bindings, bound)
-                self.state.signature = None
-        else:
-            self._enter_slot(slot)
-            bindings = self._binder.bind(feeds)
-            if rec is not None:
-                rec.begin_step(slot=slot, phase=phase, bindings=bindings)
-            self._peak = self._resident
-            prepared = self.preparer.prepare(self.state, feeds, bindings, bound, rec)
-            action, reason, self._steady = prepared.action, prepared.reason, prepared.steady
-            setattr(self.memo_stats, action, getattr(self.memo_stats, action) + 1)
-            bindings = dict(bindings)  # just-in-time symbols join it during this run
-        resolve_s = time.perf_counter() - t_start
-        state = self.state
-        step = self.step = StepRun(state, env, bindings, rec, node_log, clock, owners=state.storage.owner)
+        step = self.step = StepRun(state, self.env, bindings, rec, node_log, clock, owners=state.storage.owner)
         step.run_nodes = functools.partial(self._run_nodes, step)
         if action == "replayed":
             plan = state.view_plan
@@ -194,37 +219,18 @@ class Executor:
                 step.folded = fold.nodes
         step.baked = self.preparer.baked_values(state, step)
         step.fold_pending = self.preparer.fold_pending(state)
-        if self.fresh_arrays:
-            self._run_nodes(step, range(len(state.dispatch)))
-            return env
-        snapshot = self._shadow_snapshot(feeds, bound, action)
-        capture_mode = self.capture_runner.run_step(step, self._steady, bound, slot)
-        if bound:
-            self._fill_bound(env, bound)
-        if action == "replayed" and self.options.decode_memo_verify:
-            self.preparer.verify_shapes(state, env)
-        self.preparer.after_run(state, action, step)
-        divergences = self._shadow_check(snapshot, step, action, slot)
-        reinstated = step.reinstated
-        views_reused = sum(len(self.plan.nodes[k].outputs) for k in reinstated)
-        self.memo_stats.dispatch_elided += len(reinstated)
-        self.memo_stats.views_reused += views_reused
-        if rec is not None:
-            trace = self.step_trace
-            trace.memo(rec, self.state, self.preparer.view_plan_state(self.state), phase, slot, action, reason, resolve_s,
-                       len(reinstated), views_reused)
-            replayed = self.capture_runner.replay_restores(self.state.capture) if capture_mode == "replay" else None
-            trace.liveness(rec, self.state, env, step.owners, step.released, step.pinned, replayed)
-            trace.io_buffers(rec, feeds, bound, env)
-            rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
-        if divergences and self.options.shadow == "raise":
-            first = divergences[0]
-            raise MechanismDivergenceError(
-                f"{first.mechanism} changed a value: node {first.node!r} ({first.op_type}, plan index "
-                f"{first.plan_index}) output {first.value!r} differs from eager execution by "
-                f"{first.max_abs_err:g} (shape {first.shape_got}, eager {first.shape_expected}); "
-                f"{len(divergences)} divergent value(s) this step")
-        return env
+        return step
+
+    def _trace_step(self, rec: Any, step: StepRun, prepared: PreparedStep, phase: str, slot: str,
+                    feeds: dict[int, Any], bound: dict[int, Any], replayed: bool, resolve_s: float,
+                    views_reused: int) -> None:
+        """The step's memo, liveness and io_buffers rows (`StepTrace`)."""
+        trace, state = self.step_trace, step.state
+        trace.memo(rec, state, self.preparer.view_plan_state(state), phase, slot, prepared.action,
+                   prepared.reason, resolve_s, len(step.reinstated), views_reused)
+        restored = self.capture_runner.replay_restores(state.capture) if replayed else None
+        trace.liveness(rec, state, step.env, step.owners, step.released, step.pinned, restored)
+        trace.io_buffers(rec, feeds, bound, step.env)
 
     # -- the node loop -----------------------------------------------------------------
 
@@ -592,6 +598,16 @@ class Executor:
 
         run.executor = child  # type: ignore[attr-defined]
         return run
+
+
+def divergence_error(divergences: list) -> MechanismDivergenceError:
+    """The error a shadow check that found `divergences` raises (shadow="raise")."""
+    first = divergences[0]
+    return MechanismDivergenceError(
+        f"{first.mechanism} changed a value: node {first.node!r} ({first.op_type}, plan index "
+        f"{first.plan_index}) output {first.value!r} differs from eager execution by "
+        f"{first.max_abs_err:g} (shape {first.shape_got}, eager {first.shape_expected}); "
+        f"{len(divergences)} divergent value(s) this step")
 
 
 def kernel_error(p: PlanNode, values: list, ins: list, error: Exception) -> KernelError:
