@@ -237,7 +237,8 @@ def test_int4_block32_one_flipped_activation_is_visible():
     r = _rng("flip")
     K, N = 576, 64
     inits = _weights(r, K, N, 4, 32, False)
-    w = nbits_int8.prepare(np, inits["B"], inits["scales"], None, N=N, K=K, bits=4, block_size=32, a_block=32)
+    w = nbits_int8.prepare(np, inits["B"], inits["scales"], None, N=N, K=K, bits=4, block_size=32, a_block=32,
+                           host=True)
     a = r.standard_normal((1, K)).astype(np.float32)
     block = a[0, :32]
     scale = np.abs(block).max() / np.float32(127)

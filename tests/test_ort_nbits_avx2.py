@@ -104,6 +104,6 @@ def test_the_avx2_layout_is_chosen_and_laid_out_once():
         ours.run(None, {"A": r.standard_normal((1, 64)).astype(np.float32)})
     assert nbits_int8.build_count - before == built == 1
     weights = nbits_int8.prepare(np, np.zeros((8, 2, 16), np.uint8), np.ones((8, 2), np.float32), None, N=8, K=64,
-                                 bits=4, block_size=32, a_block=32)
+                                 bits=4, block_size=32, a_block=32, host=True)
     assert isinstance(weights, (nbits_int8_avx2.Avx2Blk32Weights, nbits_int8_jit.JitBlk32Weights))
     assert isinstance(weights, nbits_int8_jit.JitBlk32Weights) == nbits_int8_jit.available("avx2")

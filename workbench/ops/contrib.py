@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .ort_float32 import logistic_function
-from .registry import KernelFn, NodeInfo, register, with_replay_form
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant, with_replay_form
 
 MS_DOMAIN = "com.microsoft"
 
@@ -158,19 +158,19 @@ def build_ms_gelu(info: NodeInfo) -> KernelFn:
 _SQRT_HALF = 0.7071067811865476
 
 
-@register("QuickGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
-def build_quick_gelu(info: NodeInfo) -> KernelFn:
-    """y = x * sigmoid(alpha * x).
+@register_with_host_variant("QuickGelu", domain=MS_DOMAIN, dtypes=HALF_FLOAT_DOUBLE)
+def build_quick_gelu(info: NodeInfo, host: bool) -> KernelFn:
+    """y = x * sigmoid(alpha * x): x / (1 + exp(-alpha x)).
 
-    float32 on the host where the plan asks for onnxruntime's rounding
+    The host variant, float32 where the plan asks for onnxruntime's rounding
     (`NodeInfo.onnxruntime_rounding`), as its CPU kernel computes it, bit for bit:
     t = alpha * x in float32 (skipped where alpha is 1), MLAS's logistic of t
     (`ort_float32.logistic`; clamped to [0, 1] where alpha is 1, MLAS's SiLU kernel),
-    times x. Other dtypes and backends: x / (1 + exp(-alpha x))."""
+    times x."""
     xp = info.xp
     dtype = out_dtype(info)
     alpha = float(info.attr("alpha", 1.702))
-    as_onnxruntime = xp is np and dtype == F32 and info.onnxruntime_rounding
+    as_onnxruntime = host and dtype == F32 and info.onnxruntime_rounding
     #: onnxruntime's kernel: alpha x in float32, skipped where alpha is 1 (its SiLU)
     silu = alpha == 1.0
     scale = np.float32(alpha)

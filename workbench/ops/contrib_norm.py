@@ -29,7 +29,7 @@ from ..addresses import SameArrays
 from . import mlas_jit
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .ort_float32 import sequential_sum
-from .registry import KernelFn, NodeInfo, register, with_replay_form
+from .registry import KernelFn, NodeInfo, register_with_host_variant, with_replay_form
 
 
 def row_rms(row: np.ndarray, scratch: np.ndarray, consts: tuple, ct: np.dtype) -> Any:
@@ -43,13 +43,15 @@ def row_rms(row: np.ndarray, scratch: np.ndarray, consts: tuple, ct: np.dtype) -
     return ct.type(math.sqrt(scratch[-1] / consts[0] + consts[1]))
 
 
-def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
+def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
+    """Both skip norms; `host`: the host variant (numpy's reductions and one-row forms,
+    the simplified norm's float32 row compiled)."""
     xp = info.xp
     eps = float(info.attr("epsilon", 1e-12))
     dtype = out_dtype(info)
     sum_dtype = out_dtype(info, 3)
     wanted = tuple(_wanted(info, index, [None] * 4) for index in range(4))
-    if xp is np:
+    if host:
         # the simplified norm sums left to right, as onnxruntime does; the other keeps
         # numpy's pairwise sums
         row_sum = _sequential_sum if simplified else np.add.reduce
@@ -61,7 +63,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
     #: arrays again (a replayed launch) go straight to it
     planned = SameArrays()
     # the simplified norm's float32 row compiled (`mlas_jit`: the same rounding), chosen once
-    compiled_row = mlas_jit.skip_rms_row if simplified and xp is np and mlas_jit.available("skip_rms_row") else None
+    compiled_row = mlas_jit.skip_rms_row if simplified and host and mlas_jit.available("skip_rms_row") else None
 
     def compiled_one_row(x: Any, skip: Any, gamma: Any, hidden: Any, epsilon: Any, s: Any, y: Any,
                          results: tuple) -> list:
@@ -135,14 +137,14 @@ def _build_skip_norm(info: NodeInfo, simplified: bool) -> KernelFn:
         # y's buffer: the output itself where it holds the compute dtype
         y = y_out if (y_out is not None and y_out.dtype == ct and y_out.shape == s.shape) else None
         mean = None
-        if (simplified and xp is np and s.size == hidden and s is s_buf and y is y_out and bias is None
+        if (simplified and host and s.size == hidden and s is s_buf and y is y_out and bias is None
                 and gamma.ndim == 1 and not any(n_out > i and (outs[i] is not None or wanted[i]) for i in (1, 2))):
             # one row (decode) into preallocated outputs: kept for the same arrays again
             # (the sum is in s already: it may be x's or skip's own buffer, written in place)
             plan = (gamma, y.reshape(-1), s.reshape(-1), consts, ct, tuple([y, None, None, s][:max(n_out, 1)]))
             planned.keep(inputs, outs, (one_row, (x, skip, s, *plan)))
             return normalize_row(*plan)
-        if simplified and xp is np and s.size == hidden:
+        if simplified and host and s.size == hidden:
             # one row (decode), as `normalize_row` computes it
             y = np.empty(s.shape, ct) if y is None else y
             flat, s_flat = y.reshape(-1), s.reshape(-1)
@@ -213,11 +215,12 @@ def _wanted(info: NodeInfo, index: int, outs: list) -> bool:
     return not info.output_used or index >= len(info.output_used) or bool(info.output_used[index])
 
 
-@register("SkipLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, per_node=True)
-def build_skip_layer_norm(info: NodeInfo) -> KernelFn:
-    return _build_skip_norm(info, simplified=False)
+@register_with_host_variant("SkipLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, per_node=True)
+def build_skip_layer_norm(info: NodeInfo, host: bool) -> KernelFn:
+    return _build_skip_norm(info, simplified=False, host=host)
 
 
-@register("SkipSimplifiedLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, per_node=True)
-def build_skip_simplified_layer_norm(info: NodeInfo) -> KernelFn:
-    return _build_skip_norm(info, simplified=True)
+@register_with_host_variant("SkipSimplifiedLayerNormalization", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT,
+                            per_node=True)
+def build_skip_simplified_layer_norm(info: NodeInfo, host: bool) -> KernelFn:
+    return _build_skip_norm(info, simplified=True, host=host)

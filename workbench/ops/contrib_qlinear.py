@@ -41,7 +41,7 @@ from .quantize import (
     requantize,
     saturating_u8s8,
 )
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant
 
 
 def _where(info: NodeInfo) -> str:
@@ -55,11 +55,11 @@ def _scaled(xp: Any, acc: Any, multiplier: Any, bias: Any) -> Any:
     return y.astype(F32, copy=False)
 
 
-@register("MatMulIntegerToFloat", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 1))
-def build_matmul_integer_to_float(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("MatMulIntegerToFloat", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 1))
+def build_matmul_integer_to_float(info: NodeInfo, host: bool) -> KernelFn:
     xp = info.xp
     where = _where(info)
-    saturate = saturating_u8s8(info)
+    saturate = saturating_u8s8(info, host)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, a_scale, b_scale, a_zp, b_zp, bias = pad_inputs(inputs, 7)[:7]
@@ -72,11 +72,11 @@ def build_matmul_integer_to_float(info: NodeInfo) -> KernelFn:
     return run
 
 
-@register("DynamicQuantizeMatMul", domain=MS_DOMAIN, dtypes=frozenset({F32}))
-def build_dynamic_quantize_matmul(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("DynamicQuantizeMatMul", domain=MS_DOMAIN, dtypes=frozenset({F32}))
+def build_dynamic_quantize_matmul(info: NodeInfo, host: bool) -> KernelFn:
     xp = info.xp
     where = _where(info)
-    saturate = saturating_u8s8(info)
+    saturate = saturating_u8s8(info, host)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, b_scale, b_zp, bias = pad_inputs(inputs, 5)[:5]
@@ -92,11 +92,11 @@ def build_dynamic_quantize_matmul(info: NodeInfo) -> KernelFn:
     return run
 
 
-@register("QGemm", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 3))
-def build_qgemm(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("QGemm", domain=MS_DOMAIN, dtypes=_INT8S, dtype_inputs=(0, 3))
+def build_qgemm(info: NodeInfo, host: bool) -> KernelFn:
     xp = info.xp
     where = _where(info)
-    saturate = saturating_u8s8(info)
+    saturate = saturating_u8s8(info, host)
     alpha = np.float32(info.attr("alpha", 1.0))
     trans_a = bool(info.attr("transA", 0))
     trans_b = bool(info.attr("transB", 0))

@@ -57,7 +57,7 @@ import numpy as np
 from ..errors import KernelError
 from . import nbits_int8
 from .contrib import F32, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype, pad_inputs
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register_with_host_variant
 
 #: dequantized weights of at most this many elements are cached at build time
 CACHE_LIMIT_ELEMENTS = 1 << 24
@@ -151,8 +151,10 @@ def dequantize_nbits(xp: Any, b: Any, scales: Any, zero_points: Any, g_idx: Any,
     return centred * xp.take(sc, g, axis=1)
 
 
-@register("MatMulNBits", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
-def build_matmul_nbits(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("MatMulNBits", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+def build_matmul_nbits(info: NodeInfo, host: bool) -> KernelFn:
+    """The host variant lays accuracy_level 4's weights out for MLAS's kernels on this
+    CPU (`nbits_int8.prepare`)."""
     xp = info.xp
     K, N, bits, block_size = nbits_layout(info)
     dtype = out_dtype(info)
@@ -169,7 +171,7 @@ def build_matmul_nbits(info: NodeInfo) -> KernelFn:
         if const[1].size:  # (no cap: the layout replaces the per-step pass over the weight)
             int8_weights = nbits_int8.prepare(
                 xp, const[1], const[2], const[3] if zp_present else None, N=N, K=K, bits=bits,
-                block_size=block_size, a_block=min(block_size, _INT8_LARGEST_BLOCK))
+                block_size=block_size, a_block=min(block_size, _INT8_LARGEST_BLOCK), host=host)
     elif 1 in const and 2 in const and N * K <= CACHE_LIMIT_ELEMENTS:
         if (not zp_present or 3 in const) and (not gi_present or 4 in const):
             b0 = const[1]

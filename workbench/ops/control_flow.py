@@ -81,7 +81,7 @@ def _stack(xp, parts: list, info: NodeInfo, out_index: int):
 def _stack_parts(xp, parts: list, axis: int = 0):
     """Stack per-iteration results where they live: on the device when every part is a
     device array, on the host when any is a host value (strings stay on the host)."""
-    if xp is np or any(isinstance(p, np.ndarray) for p in parts):
+    if any(isinstance(p, np.ndarray) for p in parts):  # (every part, on the numpy backend)
         return np.stack([host_read(p) for p in parts], axis=axis)
     return xp.stack(parts, axis=axis)
 

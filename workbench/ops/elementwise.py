@@ -27,7 +27,7 @@ import numpy as np
 
 from ..dtypes import ALL_PLAIN, FLOATS, NUMERIC, SIGNED_INTS, UNSIGNED_INTS
 from .ort_float32 import logistic_function
-from .registry import KernelFn, NodeInfo, register, ufunc_kernel
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant, ufunc_kernel
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -228,12 +228,11 @@ def where(info: NodeInfo) -> KernelFn:
 # --- activations built from several steps --------------------------------------------
 
 
-@register("Sigmoid", since=6, dtypes=FLOATS, may_run_in_place=True)
-def sigmoid(info: NodeInfo) -> KernelFn:
-    """float32 (and float16, through float32) on the host, where the plan asks for
-    onnxruntime's rounding: MLAS's logistic, the rational approximation onnxruntime's
-    CPU kernel computes, bit for bit (`ort_float32.logistic`); otherwise (float64,
-    other backends, models that requantize nothing): 1 / (1 + exp(-x))."""
+@register_with_host_variant("Sigmoid", since=6, dtypes=FLOATS, may_run_in_place=True)
+def sigmoid(info: NodeInfo, host: bool) -> KernelFn:
+    """1 / (1 + exp(-x)); its host variant: float32 (and float16, through float32), where
+    the plan asks for onnxruntime's rounding, MLAS's logistic, the rational
+    approximation onnxruntime's CPU kernel computes, bit for bit (`ort_float32.logistic`)."""
     xp = info.xp
 
     def compute(x: Any, out: Any) -> Any:
@@ -243,7 +242,7 @@ def sigmoid(info: NodeInfo) -> KernelFn:
         out += 1
         return xp.reciprocal(out, out=out)
 
-    as_onnxruntime = xp is np and info.onnxruntime_rounding
+    as_onnxruntime = host and info.onnxruntime_rounding
     logistic = logistic_function() if as_onnxruntime else None  # compiled or emulated, chosen once
 
     def compute_as_onnxruntime(x: Any, out: Any) -> Any:

@@ -58,16 +58,61 @@ def _repeat_heads(xp: Any, x: Any, repeat: int) -> Any:
     return x if repeat == 1 else xp.repeat(x, repeat, axis=1)
 
 
+def _settings(info: NodeInfo) -> tuple:
+    """(kv_repeat, mask_mode, nan_guard, q_width, output dtype) of a node."""
+    return (int(info.attr("kv_repeat", 1)), attr_str(info, "mask_mode", "where"), bool(info.attr("nan_guard", 0)),
+            int(info.attr("q_width", 0)), out_dtype(info))
+
+
 @register("MaskedSoftmaxAttention", domain=WORKBENCH_DOMAIN, dtypes=frozenset({F32, F64}))
 def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
     xp = info.xp
-    repeat = int(info.attr("kv_repeat", 1))
-    mode = attr_str(info, "mask_mode", "where")
-    nan_guard = bool(info.attr("nan_guard", 0))
-    q_width = int(info.attr("q_width", 0))
-    dtype = out_dtype(info)
-    # one float32 query token compiled (`attention_jit`; not where the model rounds as onnxruntime), chosen once
-    compiled = xp is np and not info.onnxruntime_rounding and attention_jit.available()
+    repeat, mode, nan_guard, q_width, dtype = _settings(info)
+
+    def run(inputs: list, outs: list) -> tuple:
+        q, k, v, mask, scale, fill, key_scale = pad_inputs(inputs, 7)[:7]
+        if q_width and q.shape[-1] != q_width:
+            raise ValueError(f"Q is {q.shape[-1]} wide; the scale was computed at load for width {q_width} "
+                             "(the model's inferred shapes)")
+        if key_scale is not None:
+            # each element scaled as the chain scales it; K before the repeat (a copy of
+            # heads) and the transpose, which move elements without changing them
+            q, k = q * scale, k * key_scale
+        grouped = (repeat > 1 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+                   and q.shape[1] == k.shape[1] * repeat and v.shape[1] == k.shape[1])
+        if grouped:
+            batch, heads, seq, width = q.shape
+            kv_heads = k.shape[1]
+            scores = xp.matmul(q.reshape(batch, kv_heads, repeat * seq, width), xp.swapaxes(k, -1, -2))
+            scores = scores.reshape(scores.shape[0], heads, seq, scores.shape[-1])
+        else:
+            scores = xp.matmul(q, xp.swapaxes(_repeat_heads(xp, k, repeat), -1, -2))
+        if key_scale is None:
+            scores = xp.multiply(scores, scale, out=scores) if scale.ndim <= scores.ndim else scores * scale
+        masked = xp.where(mask, scores, fill) if mode == "where" else xp.add(scores, mask)
+        if masked.size:
+            masked = _softmax_into(xp, masked, (-1,), masked)
+            if nan_guard:
+                xp.copyto(masked, 0, where=xp.isnan(masked))
+        if grouped and tuple(masked.shape) == tuple(scores.shape):
+            rows = masked.reshape(masked.shape[0], kv_heads, repeat * seq, masked.shape[-1])
+            y = xp.matmul(rows, v)
+            y = y.reshape(y.shape[0], heads, seq, y.shape[-1])
+        else:
+            y = xp.matmul(masked, _repeat_heads(xp, v, repeat))
+        return (emit(outs[0], y, dtype, like=q),)
+
+    return run
+
+
+@register("MaskedSoftmaxAttention", domain=WORKBENCH_DOMAIN, dtypes=frozenset({F32, F64}), host=True)
+def build_masked_softmax_attention_host(info: NodeInfo) -> KernelFn:
+    """The host variant: one float32 query token compiled (`attention_jit`; not where
+    the model rounds as onnxruntime), the generic kernel for the rest."""
+    generic = build_masked_softmax_attention(info)
+    if info.onnxruntime_rounding or not attention_jit.available():
+        return generic
+    repeat, mode, nan_guard, q_width, dtype = _settings(info)
 
     def one_token(q: Any, k: Any, v: Any, mask: Any, scale: Any, fill: Any, key_scale: Any, out: Any) -> Any:
         """`attention_jit.decode` where the arrays are one float32 token's (Q [1, H, 1, D],
@@ -97,39 +142,10 @@ def build_masked_softmax_attention(info: NodeInfo) -> KernelFn:
 
     def run(inputs: list, outs: list) -> tuple:
         q, k, v, mask, scale, fill, key_scale = pad_inputs(inputs, 7)[:7]
-        if q_width and q.shape[-1] != q_width:
-            raise ValueError(f"Q is {q.shape[-1]} wide; the scale was computed at load for width {q_width} "
-                             "(the model's inferred shapes)")
-        if compiled and q.ndim == 4:
+        if q.ndim == 4 and (not q_width or q.shape[-1] == q_width):
             y = one_token(q, k, v, mask, scale, fill, key_scale, outs[0])
             if y is not None:
                 return (emit(outs[0], y, dtype, like=q),)
-        if key_scale is not None:
-            # each element scaled as the chain scales it; K before the repeat (a copy of
-            # heads) and the transpose, which move elements without changing them
-            q, k = q * scale, k * key_scale
-        grouped = (repeat > 1 and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
-                   and q.shape[1] == k.shape[1] * repeat and v.shape[1] == k.shape[1])
-        if grouped:
-            batch, heads, seq, width = q.shape
-            kv_heads = k.shape[1]
-            scores = xp.matmul(q.reshape(batch, kv_heads, repeat * seq, width), xp.swapaxes(k, -1, -2))
-            scores = scores.reshape(scores.shape[0], heads, seq, scores.shape[-1])
-        else:
-            scores = xp.matmul(q, xp.swapaxes(_repeat_heads(xp, k, repeat), -1, -2))
-        if key_scale is None:
-            scores = xp.multiply(scores, scale, out=scores) if scale.ndim <= scores.ndim else scores * scale
-        masked = xp.where(mask, scores, fill) if mode == "where" else xp.add(scores, mask)
-        if masked.size:
-            masked = _softmax_into(xp, masked, (-1,), masked)
-            if nan_guard:
-                xp.copyto(masked, 0, where=xp.isnan(masked))
-        if grouped and tuple(masked.shape) == tuple(scores.shape):
-            rows = masked.reshape(masked.shape[0], kv_heads, repeat * seq, masked.shape[-1])
-            y = xp.matmul(rows, v)
-            y = y.reshape(y.shape[0], heads, seq, y.shape[-1])
-        else:
-            y = xp.matmul(masked, _repeat_heads(xp, v, repeat))
-        return (emit(outs[0], y, dtype, like=q),)
+        return generic(inputs, outs)
 
     return run

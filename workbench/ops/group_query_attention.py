@@ -55,7 +55,7 @@ from .registry import (
     NodeInfo,
     declined,
     numpy_first_int,
-    register,
+    register_with_host_variant,
     with_replay_form,
 )
 from .rotary import _gather_rows, _rotate_rows, onnxruntime_rotary, rotate
@@ -128,9 +128,9 @@ def _gqa_capture(info: NodeInfo) -> CaptureVerdict:
 
 # query/key/value are reshaped to heads internally: a strided view (e.g. a Split of
 # packed QKV) would be copied silently there, so the executor copies and records it
-@register("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture,
-          contiguous_inputs=(0, 1, 2), per_node=True)
-def build_group_query_attention(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("GroupQueryAttention", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT, capture=_gqa_capture,
+                            contiguous_inputs=(0, 1, 2), per_node=True)
+def build_group_query_attention(info: NodeInfo, host: bool) -> KernelFn:
     """com.microsoft GroupQueryAttention, as onnxruntime's CPU kernel computes it.
 
     Inputs: query, key?, value?, past_key?, past_value?, seqlens_k, total_sequence_length,
@@ -152,6 +152,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     pos = seqlens_k[0] straight into the present buffer, and attention runs over rows
     0..pos (numpy: a view of them; device backends: the whole buffer, masked past pos);
     every other case takes the general path, with which it agrees to float32 rounding.
+
+    The host variant (`host`) adds the prepared one-token decode (`HostDecode`) with its
+    compiled forms, MLAS's rotary and flash attention where the plan asks for
+    onnxruntime's rounding, and reads the position from host arrays as views.
     """
     xp = info.xp
     num_heads = int(info.attr("num_heads"))
@@ -195,10 +199,10 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
 
     # numpy: what ndarray.max / .sum call, without their Python wrappers
     def row_max(a: Any) -> Any:
-        return np.maximum.reduce(a, axis=-1, keepdims=True) if xp is np else a.max(axis=-1, keepdims=True)
+        return np.maximum.reduce(a, axis=-1, keepdims=True) if host else a.max(axis=-1, keepdims=True)
 
     def row_sum(a: Any) -> Any:
-        return np.add.reduce(a, axis=-1, keepdims=True) if xp is np else a.sum(axis=-1, keepdims=True)
+        return np.add.reduce(a, axis=-1, keepdims=True) if host else a.sum(axis=-1, keepdims=True)
 
     def attend_one_token(q: Any, keys: Any, values: Any, bias: Any, allowed: Any, head_sink: Any,
                          out: Any, ct: np.dtype) -> Any:
@@ -249,11 +253,11 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
     # new every step; these are not): the head size and, on numpy in the plain
     # configuration, the prepared `HostDecode`
     steady = SameArrays()
-    plain_host = xp is np and softcap == 0.0 and not smooth_softmax
+    plain_host = host and softcap == 0.0 and not smooth_softmax
     # float32 on the host where the plan asks for onnxruntime's rounding: MLAS's rotary
     # kernel, and, where onnxruntime runs MLAS's FMA3 or AVX-512F softmax, its flash attention
     # (`mlas_attention`; softcap and smooth softmax take onnxruntime's other path)
-    exact_rotary = onnxruntime_rotary(info)
+    exact_rotary = host and onnxruntime_rotary(info)
     mlas_host = plain_host and local_window != 0 and mlas_isa.isa() in ("avx2", "avx512")
     exact_attention = exact_rotary and mlas_host
     # the one-token decode on the host takes onnxruntime's rounding also where the plan
@@ -462,7 +466,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             q_rows = query.reshape(num_heads, head_size)
             v_row = value.reshape(kv_num_heads, head_size)
         if do_rotary:
-            if xp is np:  # the row itself, a view (the position read on the host, as below)
+            if host:  # the row itself, a view (the position read on the host, as below)
                 p = numpy_first_int(seqlens_k if position_ids is None else position_ids)
                 p = min(max(p, 0), cos_cache.shape[0] - 1)
                 c, sn = cos_cache[p], sin_cache[p]
@@ -475,7 +479,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             if c.dtype != ct:
                 c, sn = c.astype(ct), sn.astype(ct)
             qk = _rotate_rows(xp, q_rows.astype(ct, copy=False), c, sn, 2 * c.shape[0], interleaved,
-                              decode_rotary)
+                              decode_rotary, host)
             if qdt != ct:  # onnxruntime stores the rotated Q/K in T
                 qk = qk.astype(qdt).astype(ct)
             q, k_row = qk[:num_heads], qk[num_heads:]
@@ -483,7 +487,7 @@ def build_group_query_attention(info: NodeInfo) -> KernelFn:
             q = q_rows[:num_heads].astype(ct, copy=False)
             k_row = q_rows[num_heads:] if key is None else key.reshape(kv_num_heads, head_size)
 
-        if xp is np:
+        if host:
             return attend_on_host_position(inputs, outs, q, k_row, v_row, present_shape, shared, ct)
         pos = _clamp(xp, _first_int(xp, seqlens_k), 0, present_len - 1)  # [1]
         slots = xp.arange(present_len, dtype=np.int64)  # [L]

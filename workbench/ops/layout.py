@@ -22,7 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from .registry import CAPTURE_SUPPORTED, CaptureVerdict, KernelFn, NodeInfo, declined, host_read, register
+from .registry import (
+    CAPTURE_SUPPORTED,
+    CaptureVerdict,
+    KernelFn,
+    NodeInfo,
+    declined,
+    host_read,
+    register,
+    register_with_host_variant,
+)
 
 INT64 = np.dtype(np.int64)
 
@@ -404,16 +413,18 @@ def _broadcast_plan(in_shape: tuple, target: tuple, itemsize: int) -> tuple[tupl
     return target, tuple(strides)
 
 
-@register("Expand", since=8, produces_view=True, data_dependent_shape=True,
-          capture=host_read_verdict((1,), "shape"))
-def expand(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("Expand", since=8, produces_view=True, data_dependent_shape=True,
+                            capture=host_read_verdict((1,), "shape"))
+def expand(info: NodeInfo, host: bool) -> KernelFn:
+    """A read-only zero-copy view where no output is preallocated; the host variant
+    makes it with numpy's constructor on x's buffer."""
     xp = info.xp
     shape = constant_ints(info, 1)
 
     def expanded(x: Any, plan: tuple, out: Any) -> Any:
         target, strides = plan
         if out is None:  # a read-only zero-copy view
-            if xp is np and x.flags.c_contiguous and x.size:
+            if host and x.flags.c_contiguous and x.size:
                 # numpy's constructor on x's buffer: a tenth of broadcast_to's cost, the same view
                 view = np.ndarray(target, x.dtype, x, 0, strides)
                 view.flags.writeable = False

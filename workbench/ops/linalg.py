@@ -17,7 +17,7 @@ import numpy as np
 
 from ..dtypes import NUMERIC
 from . import matvec_jit
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -32,28 +32,35 @@ def _emit(out: Any, value: Any, dtype: np.dtype) -> Any:
     return out
 
 
-def _half_needs_upcast(info: NodeInfo) -> bool:
-    return info.input_dtypes[0] == F16 and info.xp is np
+def _half_needs_upcast(info: NodeInfo, host: bool) -> bool:
+    """numpy multiplies float16 in a scalar loop: on the host, in float32 and rounded once."""
+    return host and info.input_dtypes[0] == F16
 
 
 @register("MatMul", since=1, dtypes=NUMERIC)
 def build_matmul(info: NodeInfo) -> KernelFn:
     xp = info.xp
-    if _half_needs_upcast(info):
-        def run_half(inputs: list, outs: list) -> tuple:
-            product = xp.matmul(inputs[0].astype(F32), inputs[1].astype(F32))
-            return (_emit(outs[0], product, F16),)
-        return run_half
-
-    weight = info.initializer_inputs.get(1)
-    if (xp is np and not info.onnxruntime_rounding and info.input_dtypes[0] == F32 and weight is not None
-            and weight.dtype == F32 and weight.ndim == 2 and weight.size >= matvec_jit.MIN_WEIGHTS
-            and weight.T.flags.c_contiguous and matvec_jit.available()):
-        return _matvec_or_matmul(weight)
 
     def run(inputs: list, outs: list) -> tuple:
         return (xp.matmul(inputs[0], inputs[1], out=outs[0]),)
     return run
+
+
+@register("MatMul", since=1, dtypes=NUMERIC, host=True)
+def build_matmul_host(info: NodeInfo) -> KernelFn:
+    """The host variant: float16 in float32; a float32 product by a constant
+    column-major weight one row at a time compiled (`matvec_jit`)."""
+    if _half_needs_upcast(info, host=True):
+        def run_half(inputs: list, outs: list) -> tuple:
+            product = np.matmul(inputs[0].astype(F32), inputs[1].astype(F32))
+            return (_emit(outs[0], product, F16),)
+        return run_half
+    weight = info.initializer_inputs.get(1)
+    if (not info.onnxruntime_rounding and info.input_dtypes[0] == F32 and weight is not None
+            and weight.dtype == F32 and weight.ndim == 2 and weight.size >= matvec_jit.MIN_WEIGHTS
+            and weight.T.flags.c_contiguous and matvec_jit.available()):
+        return _matvec_or_matmul(weight)
+    return build_matmul(info)
 
 
 def _matvec_or_matmul(weight: np.ndarray) -> KernelFn:
@@ -73,10 +80,10 @@ def _matvec_or_matmul(weight: np.ndarray) -> KernelFn:
     return run
 
 
-def _gemm_compute_dtype(info: NodeInfo, alpha: float, beta: float) -> np.dtype | None:
+def _gemm_compute_dtype(info: NodeInfo, alpha: float, beta: float, host: bool) -> np.dtype | None:
     """The dtype to compute in when it is not the operands' own (None: theirs)."""
     dtype = info.input_dtypes[0]
-    if _half_needs_upcast(info):
+    if _half_needs_upcast(info, host):
         return F32
     if dtype is not None and dtype.kind in "iu" and (alpha != 1.0 or beta != 1.0):
         # float alpha/beta scale integer products: onnx.reference computes in float64
@@ -84,16 +91,17 @@ def _gemm_compute_dtype(info: NodeInfo, alpha: float, beta: float) -> np.dtype |
     return None
 
 
-@register("Gemm", since=1, dtypes=NUMERIC)
-def build_gemm(info: NodeInfo) -> KernelFn:
-    """Y = alpha * A' @ B' + beta * C, with C broadcast to Y (unidirectionally)."""
+@register_with_host_variant("Gemm", since=1, dtypes=NUMERIC)
+def build_gemm(info: NodeInfo, host: bool) -> KernelFn:
+    """Y = alpha * A' @ B' + beta * C, with C broadcast to Y (unidirectionally); the host
+    variant computes float16 in float32."""
     xp = info.xp
     alpha = float(info.attr("alpha", 1.0))
     beta = float(info.attr("beta", 1.0))
     trans_a = bool(info.attr("transA", 0))
     trans_b = bool(info.attr("transB", 0))
     uses_c = info.has_input(2) and beta != 0.0
-    compute_dtype = _gemm_compute_dtype(info, alpha, beta)
+    compute_dtype = _gemm_compute_dtype(info, alpha, beta, host)
 
     def product(inputs: list, out: Any) -> Any:
         a = inputs[0].T if trans_a else inputs[0]

@@ -119,11 +119,12 @@ def _unpack(xp: Any, packed: Any, bits: int) -> Any:
 
 
 def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, bits: int,
-            block_size: int, a_block: int) -> Int8Weights | Blk32Weights:
+            block_size: int, a_block: int, host: bool = False) -> Int8Weights | Blk32Weights:
     """The weight's integers and scales in the layout `matmul` reads, from MatMulNBits'
     packed B ``[N, k_blocks, blob]``, scales and optional packed uint8 zero points.
     `a_block` (<= block_size) is the block A is quantized in: for weights in blocks
-    larger than MLAS's largest int8 kernel each weight block spans several A blocks."""
+    larger than MLAS's largest int8 kernel each weight block spans several A blocks.
+    `host`: for a host variant, where MLAS's kernels for this CPU lay the weights out."""
     global build_count
     build_count += 1
     k_blocks = -(-K // block_size)
@@ -134,7 +135,7 @@ def prepare(xp: Any, b: Any, scales: Any, zero_points: Any, *, N: int, K: int, b
         zp = _unpack(xp, xp.asarray(zero_points).reshape(N, -1), bits)[:, :k_blocks].astype(np.int16)
     if bits == 4 and block_size == 32 and a_block == 32:
         scales32 = xp.asarray(scales).reshape(N, k_blocks).astype(F32)
-        isa = mlas_isa.isa() if xp is np else None
+        isa = mlas_isa.isa() if host else None  # MLAS's kernels: a host variant's only
         if isa in ("avx2", "avx512") and nbits_int8_jit.available(isa):  # MLAS's kernel, compiled
             return nbits_int8_jit.prepare(q, scales32, zp, zero_points is not None, K, isa)
         if isa == "avx2":  # MLAS's AVX2 kernels, emulated by numpy

@@ -138,7 +138,7 @@ def build_layer_norm(info: NodeInfo) -> KernelFn:
 
 
 def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) -> KernelFn:
-    """Shared by both RMS norms; `y_dtype_of(x, scale)` names Y's dtype."""
+    """Shared by both RMS norms on any backend; `y_dtype_of(x, scale)` names Y's dtype."""
     xp = info.xp
     stash = _stash_dtype(info)
     compute = _compute_dtype(info.input_dtypes[0], stash)
@@ -146,12 +146,34 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
     axes_for = _trailing_axes(info)
     want_inv = _wanted(info, 1)
     inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
-    as_onnxruntime = xp is np and compute in (F32, F64) and info.onnxruntime_rounding
-    sum_of_squares = sum_of_squares_function() if as_onnxruntime else None  # compiled or emulated, chosen once
-    # float32 rows compiled (`mlas_jit`): onnxruntime's rounding, taken also where the plan
-    # does not ask for it (then it is the fastest form too); chosen once
-    compiled = (xp is np and compute == F32 and (info.onnxruntime_rounding or info.faster_onnxruntime_rounding)
+
+    def run(inputs: list, outs: list) -> list:
+        x, scale = inputs[0], inputs[1]
+        inv_rms = _inverse_rms(xp, x, axes_for(x.ndim), epsilon, compute)
+        y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
+        y *= scale
+        return _rms_results(outs, y, inv_rms, y_dtype_of(x, scale), want_inv, inv_dtype)
+    return run
+
+
+def _build_rms_norm_host(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) -> KernelFn:
+    """The RMS norms' host variant: float32 rows compiled (`mlas_jit`), with onnxruntime's
+    rounding, taken also where the plan does not ask for it (then it is the fastest
+    form too); onnxruntime's rounding in numpy where the plan asks for it and the rows
+    do not fit the compiled form; the generic kernel otherwise. Chosen once per build."""
+    generic = _build_rms_norm(info, y_dtype_of)
+    stash = _stash_dtype(info)
+    compute = _compute_dtype(info.input_dtypes[0], stash)
+    as_onnxruntime = compute in (F32, F64) and info.onnxruntime_rounding
+    compiled = (compute == F32 and (info.onnxruntime_rounding or info.faster_onnxruntime_rounding)
                 and mlas_jit.available("rms_rows"))
+    if not (as_onnxruntime or compiled):
+        return generic
+    epsilon = compute.type(info.attr("epsilon", 1e-5))
+    axes_for = _trailing_axes(info)
+    want_inv = _wanted(info, 1)
+    inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
+    sum_of_squares = sum_of_squares_function() if as_onnxruntime else None  # compiled or emulated
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]
@@ -159,23 +181,22 @@ def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) 
         if compiled and x.dtype == F32 and scale.dtype == F32 and x.size:
             found = _rms_norm_compiled(x, scale, len(axes), epsilon, outs[0])
             if found is not None:
-                y, inv_rms = found
-                results = [_emit(outs[0], y, y_dtype_of(x, scale))]
-                if len(outs) > 1:
-                    results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
-                return results
+                return _rms_results(outs, *found, y_dtype_of(x, scale), want_inv, inv_dtype)
         if as_onnxruntime and x.dtype == compute and scale.dtype == compute and x.size:
             y, inv_rms = _rms_norm_as_onnxruntime(x, scale, axes, epsilon, _work_buffer(outs[0], compute),
                                                   sum_of_squares)
-        else:
-            inv_rms = _inverse_rms(xp, x, axes, epsilon, compute)
-            y = xp.multiply(x, inv_rms, out=_work_buffer(outs[0], compute))  # inv_rms promotes x
-            y *= scale
-        results = [_emit(outs[0], y, y_dtype_of(x, scale))]
-        if len(outs) > 1:
-            results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
-        return results
+            return _rms_results(outs, y, inv_rms, y_dtype_of(x, scale), want_inv, inv_dtype)
+        return generic(inputs, outs)
     return run
+
+
+def _rms_results(outs: list, y: Any, inv_rms: Any, y_dtype: np.dtype, want_inv: bool,
+                 inv_dtype: np.dtype) -> list:
+    """Y, and inv_std_var where the node has that output."""
+    results = [_emit(outs[0], y, y_dtype)]
+    if len(outs) > 1:
+        results.append(_emit(outs[1], inv_rms, inv_dtype) if want_inv else None)
+    return results
 
 
 def _rms_norm_compiled(x: np.ndarray, scale: np.ndarray, n_axes: int, epsilon: Any, out: Any) -> tuple | None:
@@ -221,11 +242,29 @@ def _rms_norm_as_onnxruntime(x: np.ndarray, scale: np.ndarray, axes: tuple, epsi
     return y, inv.reshape(rows_shape + (1,) * len(axes))
 
 
+def _x_dtype(x: Any, _scale: Any) -> np.dtype:
+    return x.dtype
+
+
+def _scale_dtype(_x: Any, scale: Any) -> np.dtype:
+    return scale.dtype  # onnxruntime's type V
+
+
 @register("RMSNormalization", since=23, dtypes=FLOATS)
 def build_rms_norm(info: NodeInfo) -> KernelFn:
-    return _build_rms_norm(info, lambda x, _scale: x.dtype)
+    return _build_rms_norm(info, _x_dtype)
+
+
+@register("RMSNormalization", since=23, dtypes=FLOATS, host=True)
+def build_rms_norm_host(info: NodeInfo) -> KernelFn:
+    return _build_rms_norm_host(info, _x_dtype)
 
 
 @register("SimplifiedLayerNormalization", domain="", since=1, dtypes=FLOATS)
 def build_simplified_layer_norm(info: NodeInfo) -> KernelFn:
-    return _build_rms_norm(info, lambda _x, scale: scale.dtype)
+    return _build_rms_norm(info, _scale_dtype)
+
+
+@register("SimplifiedLayerNormalization", domain="", since=1, dtypes=FLOATS, host=True)
+def build_simplified_layer_norm_host(info: NodeInfo) -> KernelFn:
+    return _build_rms_norm_host(info, _scale_dtype)

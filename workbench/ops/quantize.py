@@ -42,7 +42,7 @@ from onnx import helper
 from ..errors import KernelError
 from . import mlas_isa
 from .contrib import F32, pad_inputs
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant
 
 F64 = np.dtype(np.float64)
 I32 = np.dtype(np.int32)
@@ -348,11 +348,11 @@ def u8s8_pairs_saturate() -> bool:
     return mlas_isa.isa() in ("avx2", "avx512") and not (_EXACT_U8S8 & mlas_isa.cpu_flags())
 
 
-def saturating_u8s8(info: NodeInfo) -> bool:
+def saturating_u8s8(info: NodeInfo, host: bool) -> bool:
     """Whether a node's uint8 x int8 products are taken as onnxruntime's kernel takes them
-    on this CPU (`u8s8_pairs_saturate`): on the host, where the plan asks for
-    onnxruntime's arithmetic."""
-    return info.xp is np and info.onnxruntime_rounding and u8s8_pairs_saturate()
+    on this CPU (`u8s8_pairs_saturate`): in a host variant (`host`), where the plan asks
+    for onnxruntime's arithmetic."""
+    return host and info.onnxruntime_rounding and u8s8_pairs_saturate()
 
 
 def integer_matmul(xp: Any, a: Any, b: Any, a_zp: Any, b_zp: Any, where: str,
@@ -414,11 +414,11 @@ def _u8s8_saturated(a: np.ndarray, b: np.ndarray, a_zp: Any, b_zp: Any, where: s
 _INT8S = frozenset({np.dtype(np.int8), U8})
 
 
-@register("MatMulInteger", since=10, dtypes=_INT8S, dtype_inputs=(0, 1))
-def build_matmul_integer(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("MatMulInteger", since=10, dtypes=_INT8S, dtype_inputs=(0, 1))
+def build_matmul_integer(info: NodeInfo, host: bool) -> KernelFn:
     xp = info.xp
     where = _where(info)
-    saturate = saturating_u8s8(info)
+    saturate = saturating_u8s8(info, host)
 
     def run(inputs: list, outs: list) -> tuple:
         a, b, a_zp, b_zp = pad_inputs(inputs, 4)[:4]
@@ -447,11 +447,11 @@ def _scale_vector(xp: Any, s: Any, n: int, where: str, what: str) -> Any:
     raise KernelError(f"{where}: {what} has shape {tuple(s.shape)}, expected a scalar or ({n},)")
 
 
-@register("QLinearMatMul", since=10, dtypes=_INT8S, dtype_inputs=(0, 3))
-def build_qlinear_matmul(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("QLinearMatMul", since=10, dtypes=_INT8S, dtype_inputs=(0, 3))
+def build_qlinear_matmul(info: NodeInfo, host: bool) -> KernelFn:
     xp = info.xp
     where = _where(info)
-    saturate = saturating_u8s8(info)
+    saturate = saturating_u8s8(info, host)
 
     def run(inputs: list, outs: list) -> tuple:
         a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = pad_inputs(inputs, 8)[:8]

@@ -26,11 +26,18 @@ not settled (the plain kernel is called then). It may depend on the arrays' geom
 only, never on their contents, and must return what the plain kernel would.
 
 Kernels never know about capture or memoisation: they only *declare* properties
-(`produces_view`, `may_run_in_place`, `capture`) and the executor decides.
+(`produces_view`, `may_run_in_place`, `capture`) and the executor decides. Nor do they
+ask which backend they run on: a form that only holds for numpy arrays in host memory
+(a compiled kernel, onnxruntime's exact float32 arithmetic, a view numpy alone can
+make) is registered as the op's *host variant* (`register(..., host=True)`, or both
+at once with `register_with_host_variant` for a builder taking `host`), which
+`find_native` chooses over the generic kernel where the plan's arrays are numpy's
+(`NodeInfo.host_arrays`), and never elsewhere.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +117,12 @@ class NodeInfo:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 
+    @property
+    def host_arrays(self) -> bool:
+        """Whether the node's arrays are numpy's, in host memory: where the registry
+        takes an op's host variant (`KernelSpec.host`)."""
+        return self.xp is np
+
     def has_input(self, pos: int) -> bool:
         """Whether input `pos` is given (named), whatever is known of its dtype."""
         return pos < len(self.input_present) and self.input_present[pos]
@@ -143,8 +156,14 @@ class KernelSpec:
     #: each node gets a build of its own, not one shared with look-alike nodes (which
     #: would take turns overwriting it)
     per_node: bool = False
+    #: a host variant: its kernel takes numpy arrays in host memory only (a compiled
+    #: form, onnxruntime's exact arithmetic); chosen over the op's generic kernel where
+    #: the plan's arrays are numpy's, never elsewhere (`find_native`)
+    host: bool = False
 
     def accepts(self, info: NodeInfo) -> bool:
+        if self.host and not info.host_arrays:
+            return False
         if not (self.since <= info.opset and (self.until is None or info.opset <= self.until)):
             return False
         if self.accept is not None and not self.accept(info):
@@ -180,8 +199,10 @@ def register(
     accept: Callable[[NodeInfo], bool] | None = None,
     contiguous_inputs: tuple[int, ...] = (),
     per_node: bool = False,
+    host: bool = False,
 ) -> Callable[[Callable[[NodeInfo], KernelFn]], Callable[[NodeInfo], KernelFn]]:
-    """Decorator registering a kernel builder for `domain::op_type`, opsets since..until."""
+    """Decorator registering a kernel builder for `domain::op_type`, opsets since..until;
+    `host`: the op's host variant (`KernelSpec.host`)."""
 
     def wrap(build: Callable[[NodeInfo], KernelFn]) -> Callable[[NodeInfo], KernelFn]:
         spec = KernelSpec(
@@ -189,9 +210,22 @@ def register(
             build=build, dtypes=dtypes, dtype_inputs=dtype_inputs,
             produces_view=produces_view, may_run_in_place=may_run_in_place,
             capture=capture, data_dependent_shape=data_dependent_shape, accept=accept,
-            contiguous_inputs=contiguous_inputs, per_node=per_node,
+            contiguous_inputs=contiguous_inputs, per_node=per_node, host=host,
         )
         _REGISTRY.setdefault((spec.domain, op_type), []).append(spec)
+        return build
+
+    return wrap
+
+
+def register_with_host_variant(op_type: str, **kwargs: Any) -> Callable[[Callable[..., KernelFn]], Callable[..., KernelFn]]:
+    """Decorator registering `build(info, host)` twice for `op_type` (`register`'s
+    keywords): as the generic kernel (`host=False`) and as the op's host variant
+    (`host=True`, `KernelSpec.host`), for a builder whose host forms share the rest."""
+
+    def wrap(build: Callable[..., KernelFn]) -> Callable[..., KernelFn]:
+        register(op_type, **kwargs)(functools.partial(build, host=False))
+        register(op_type, host=True, **kwargs)(functools.partial(build, host=True))
         return build
 
     return wrap
@@ -202,11 +236,12 @@ def _canonical_domain(domain: str) -> str:
 
 
 def find_native(info: NodeInfo) -> KernelSpec | None:
-    """The native kernel for this node, or None (newest `since` wins)."""
+    """The native kernel for this node, or None: the newest `since` that accepts it, a
+    host variant before a generic kernel of the same `since` (`KernelSpec.host`)."""
     specs = _REGISTRY.get((_canonical_domain(info.domain), info.op_type), ())
     best = None
     for spec in specs:
-        if spec.accepts(info) and (best is None or spec.since > best.since):
+        if spec.accepts(info) and (best is None or (spec.since, spec.host) > (best.since, best.host)):
             best = spec
     return best
 

@@ -3,9 +3,9 @@ rotation GroupQueryAttention applies to its Q and K (`rotate`, `_rotate_rows`).
 
 Positions are gathered from the cos/sin caches on the backend (`_gather_rows`), never
 read on the host, so the kernels record into device graphs. Where the plan asks for
-onnxruntime's rounding (`NodeInfo.onnxruntime_rounding`), float32 on the numpy backend
-rotates by MLAS's rotary kernel, bit for bit (`ort_float32.rotate_pair`,
-`onnxruntime_rotary`); elsewhere numpy's own arithmetic.
+onnxruntime's rounding (`NodeInfo.onnxruntime_rounding`), the host variants
+(`register(..., host=True)`) rotate float32 by MLAS's rotary kernel, bit for bit
+(`ort_float32.rotate_pair`, `onnxruntime_rotary`); elsewhere numpy's own arithmetic.
 """
 
 from __future__ import annotations
@@ -28,11 +28,7 @@ from .contrib import (
 )
 from .gqa_host_decode import SIGNS
 from .ort_float32 import rotate_pair
-from .registry import (
-    KernelFn,
-    NodeInfo,
-    register,
-)
+from .registry import KernelFn, NodeInfo, register_with_host_variant
 
 
 def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
@@ -41,11 +37,11 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
 
     `cos`/`sin` broadcast against ``x[..., :rot_dim // 2]``. Non-interleaved pairs
     feature i with i + rot_dim/2; interleaved pairs 2i with 2i + 1. `as_onnxruntime`
-    (float32 host arrays, see `onnxruntime_rotary`): rounded as MLAS's rotary kernel
-    rounds them (`ort_float32.rotate_pair`).
+    (a host variant's, see `onnxruntime_rotary`): float32 rounded as MLAS's rotary
+    kernel rounds it (`ort_float32.rotate_pair`).
     """
     half = rot_dim // 2
-    exact = as_onnxruntime and _float32_host(xp, x, cos, sin)
+    exact = as_onnxruntime and _float32(x, cos, sin)
     if interleaved:
         x1 = x[..., 0:rot_dim:2]
         x2 = x[..., 1:rot_dim:2]
@@ -66,27 +62,28 @@ def rotate(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
 
 
 def onnxruntime_rotary(info: NodeInfo) -> bool:
-    """Whether a kernel rotates float32 on the host as onnxruntime's CPU kernels do:
-    where the plan asks for onnxruntime's rounding, on x86-64 CPUs with AVX2 / FMA
-    (MLAS's rotary kernel, ``MlasRotaryEmbedOneRow``: fma(x1, cos, -(x2 sin)),
-    fma(x1, sin, x2 cos), interleaved or not)."""
-    return info.xp is np and info.onnxruntime_rounding and mlas_isa.isa() in ("avx2", "avx512")
+    """Whether a host variant rotates float32 as onnxruntime's CPU kernels do: where
+    the plan asks for onnxruntime's rounding, on x86-64 CPUs with AVX2 / FMA (MLAS's
+    rotary kernel, ``MlasRotaryEmbedOneRow``: fma(x1, cos, -(x2 sin)), fma(x1, sin,
+    x2 cos), interleaved or not)."""
+    return info.onnxruntime_rounding and mlas_isa.isa() in ("avx2", "avx512")
 
 
-def _float32_host(xp: Any, *arrays: Any) -> bool:
-    return xp is np and all(a.dtype == F32 for a in arrays)
+def _float32(*arrays: Any) -> bool:
+    return all(a.dtype == F32 for a in arrays)
 
 
 def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved: bool,
-                 as_onnxruntime: bool = False) -> Any:
+                 as_onnxruntime: bool = False, host: bool = False) -> Any:
     """`rotate` of a 2-D [M, H] array by one cos/sin row ([rot_dim / 2]), into a fresh
     array in x's dtype, bit for bit as `rotate` computes it, with fewer temporaries.
 
     Non-interleaved halves (a, b) become (a cos - b sin, b cos + a sin): x * cos plus
     swap(x) * (-sin, sin), the swap being a reversed view of the halves. b * -sin is
-    exactly -(b * sin), so adding it is the subtraction, bit for bit.
+    exactly -(b * sin), so adding it is the subtraction, bit for bit. `host`: numpy
+    arrays (a host variant's), which take the signs as one host constant.
     """
-    if as_onnxruntime and _float32_host(xp, x, cos, sin):
+    if as_onnxruntime and _float32(x, cos, sin):
         return rotate(xp, x, cos, sin, rot_dim, interleaved, True)
     rows, width = x.shape
     half = rot_dim // 2
@@ -105,7 +102,7 @@ def _rotate_rows(xp: Any, x: Any, cos: Any, sin: Any, rot_dim: int, interleaved:
         return out
     halves = x[:, :rot_dim].reshape(rows, 2, half)
     out = halves * cos
-    if xp is np:
+    if host:
         out += halves[:, ::-1] * (sin * SIGNS)  # (b, a) * (-sin, sin)
     else:  # the same, without a host constant on the device
         swapped = halves[:, ::-1] * sin
@@ -123,16 +120,17 @@ def _gather_rows(xp: Any, cache: Any, positions: Any, ct: np.dtype) -> Any:
     return xp.take(cache, idx, axis=0).astype(ct, copy=False)
 
 
-@register("RotaryEmbedding", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
-def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("RotaryEmbedding", domain=MS_DOMAIN, dtypes=HALF_AND_FLOAT)
+def build_ms_rotary_embedding(info: NodeInfo, host: bool) -> KernelFn:
     """com.microsoft RotaryEmbedding: inputs (input, position_ids, cos_cache, sin_cache).
 
     input is [B, S, hidden] or [B, N, S, H]; position_ids is one offset (shape () or
     (1,)) or [B, S]; caches are [max_position, rotary_dim / 2]. ``scale`` and
     ``is_packed_batching`` do not change the result (as in onnxruntime's CPU kernel).
+    The host variant rounds as onnxruntime where the plan asks for it (`onnxruntime_rotary`).
     """
     xp = info.xp
-    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info)
+    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info, host)
     if rotary_dim_attr > 0 and num_heads <= 0:
         raise KernelError(f"RotaryEmbedding node {info.name!r}: num_heads must be given "
                           "with rotary_embedding_dim")
@@ -163,11 +161,11 @@ def build_ms_rotary_embedding(info: NodeInfo) -> KernelFn:
     return run
 
 
-def _rotary_attrs(info: NodeInfo) -> tuple[int, int, bool, Any, bool]:
+def _rotary_attrs(info: NodeInfo, host: bool) -> tuple[int, int, bool, Any, bool]:
     """(num_heads, rotary_embedding_dim, interleaved, output dtype, onnxruntime's
-    rounding), as both domains' RotaryEmbedding take them."""
+    rounding: a host variant's only), as both domains' RotaryEmbedding take them."""
     return (int(info.attr("num_heads", 0)), int(info.attr("rotary_embedding_dim", 0)),
-            int(info.attr("interleaved", 0)) == 1, out_dtype(info), onnxruntime_rotary(info))
+            int(info.attr("interleaved", 0)) == 1, out_dtype(info), host and onnxruntime_rotary(info))
 
 
 def _rotate_either_layout(xp: Any, x: Any, cos: Any, sin: Any, heads: int, head_size: int, rot_dim: int,
@@ -183,15 +181,16 @@ def _rotate_either_layout(xp: Any, x: Any, cos: Any, sin: Any, heads: int, head_
     return y.reshape(x.shape)
 
 
-@register("RotaryEmbedding", domain="", since=23, dtypes=HALF_AND_FLOAT)
-def build_rotary_embedding(info: NodeInfo) -> KernelFn:
+@register_with_host_variant("RotaryEmbedding", domain="", since=23, dtypes=HALF_AND_FLOAT)
+def build_rotary_embedding(info: NodeInfo, host: bool) -> KernelFn:
     """ONNX RotaryEmbedding-23: inputs (X, cos_cache, sin_cache, position_ids?).
 
     X is [B, N, S, H] or [B, S, hidden] (``num_heads`` required); with position_ids the
     caches are [max_position, rotary_dim / 2], without they are [B, S, rotary_dim / 2].
+    The host variant rounds as onnxruntime where the plan asks for it (`onnxruntime_rotary`).
     """
     xp = info.xp
-    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info)
+    num_heads, rotary_dim_attr, interleaved, dtype, as_onnxruntime = _rotary_attrs(info, host)
 
     def run(inputs: list, outs: list) -> tuple:
         x, cos_cache, sin_cache, position_ids = pad_inputs(inputs, 4)[:4]
