@@ -7,7 +7,16 @@ import pytest
 # every decode-plan memo replay in the suite is checked against a full resolve
 os.environ.setdefault("WORKBENCH_DECODE_MEMO_VERIFY", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = Path(__file__).parent
+# the helper modules here (oracles, builtin_models, ...) and the packages cuda_double and fuzz
+sys.path.insert(0, str(TESTS))
+# the test folders (one per layer, plus mechanisms/ and regressions/; no __init__.py, so every
+# test module's basename is unique): a test module imports another's helpers by its basename
+# (test_widgets' known recording, test_quant_ops_ort's packing, ...) from any folder, whichever
+# folders a run collects
+for _folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and not (p / "__init__.py").exists()):
+    if any(_folder.glob("test_*.py")):
+        sys.path.insert(1, str(_folder))
 
 #: WORKBENCH_CUDA_DOUBLE as the run was started (1: cuda tests on the double even with a GPU)
 _DOUBLE_ASKED = os.environ.pop("WORKBENCH_CUDA_DOUBLE", "")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the browser test (tests/test_browser.py, marked `browser`) needs beyond `pip install -e ".[dev]"`:
+# What the browser test (tests/frontend/test_browser.py, marked `browser`) needs beyond `pip install -e ".[dev]"`:
 # Debian's chromium package. The playwright Python package drives it through executable_path
 # (/usr/bin/chromium); no browser is ever downloaded. Without chromium the test skips.
 set -euo pipefail

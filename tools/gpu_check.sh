@@ -49,7 +49,8 @@ PY
 # compiles CuPy's kernels into the on-disk cache first, which the later stages reuse
 [ -f real_exports/manifest.json ] && export WORKBENCH_REAL_EXPORTS="$PWD/real_exports"
 stage cuda_tests 300 python -m pytest -q -p no:cacheprovider -m cuda \
-    tests/test_cuda.py tests/test_cuda_double.py tests/test_cuda_exports.py tests/test_real_exports.py \
+    tests/backend/test_cuda.py tests/backend/test_cuda_double.py tests/backend/test_cuda_exports.py \
+    tests/decode/test_real_exports.py \
     --junitxml="$OUT/cuda_tests.xml" > "$OUT/cuda_tests.log" 2>&1
 tail -25 "$OUT/cuda_tests.log"
 

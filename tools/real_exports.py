@@ -67,7 +67,7 @@ Time on a 2-core VM: about 1.5 minutes to create the three venvs (pip, from the 
 wheel index), then about 9.5 minutes for all 44 exports and their validation; a second
 run with nothing to do takes under a second. Two runs from scratch give the same
 manifest (weights, tokens, node counts). Survey them with workbench:
-tools/real_export_survey.py; tests/test_real_exports.py reads the same manifest.
+tools/real_export_survey.py; tests/decode/test_real_exports.py reads the same manifest.
 """
 
 from __future__ import annotations

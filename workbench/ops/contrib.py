@@ -1,7 +1,7 @@
 """onnxruntime contrib ops (``com.microsoft``) and the LLM ops of opset 23+, natively.
 
 Every kernel here reproduces what onnxruntime's CPU execution provider computes
-(verified against it in ``tests/test_contrib_ops.py``): half-precision inputs are
+(verified against it in ``tests/ops/test_contrib_ops.py``): half-precision inputs are
 widened to float32, computed, and rounded back once at the end, as onnxruntime's
 CPU kernels do. Kernels use the backend's array module (``info.xp``) and never
 read input values on the host unless an output shape can be known no other way.

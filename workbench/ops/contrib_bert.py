@@ -3,7 +3,7 @@ GPT-style models (``com.microsoft``): Attention, MultiHeadAttention,
 EmbedLayerNormalization.
 
 Semantics of onnxruntime's CPU kernels (``contrib_ops/cpu/bert``), pinned against it by
-``tests/test_bert_ops_ort.py``:
+``tests/ops/test_bert_ops_ort.py``:
 
 - Attention: ``QKV = input @ weights (+ bias)``, split by ``qkv_hidden_sizes`` (default
   three equal parts) into ``num_heads`` heads; ``past`` ``[2, B, N, P, H]`` is prepended to

@@ -3,7 +3,7 @@ quantization tools write: MatMulIntegerToFloat, DynamicQuantizeMatMul, QGemm,
 QLinearAdd, QLinearMul.
 
 Arithmetic as onnxruntime's CPU kernels (MLAS) do it, pinned by
-``tests/test_quant_kernels_ort.py``:
+``tests/ops/test_quant_kernels_ort.py``:
 
 - MatMulIntegerToFloat / DynamicQuantizeMatMul: the exact int32 accumulation of
   ``(a - a_zp) @ (b - b_zp)``, then ``float32(acc) * float32(a_scale * b_scale)`` (one

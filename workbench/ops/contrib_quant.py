@@ -43,7 +43,7 @@ per-block integer dot products with float32 BLAS (exact), then scales and sums t
 blocks. This is MLAS's x86-64 AVX2 / AVX512 / AVX512-VNNI arithmetic (its
 ``QuantizeARow_CompInt8`` family: float ``127 / max`` multiply, ``roundscale``/``cvtps``
 to nearest even); pinned against the installed onnxruntime by
-``tests/test_matmulnbits_int8_compute.py``. Not reproduced: ARM64 (KleidiAI / NEON
+``tests/ops/test_matmulnbits_int8_compute.py``. Not reproduced: ARM64 (KleidiAI / NEON
 kernels quantize A differently) and the saturating ``maddubs`` 8-bit kernels of
 pre-VNNI CPUs.
 """

@@ -7,7 +7,7 @@ where the total length exceeds 1 and no softcap, smooth softmax, head sink or ou
 is asked for, it rotates Q/K (`ort_float32.rotate_pair`), writes the present caches and
 calls MLAS's flash attention for a KV cache (``MlasFlashAttentionGQA``). What decides
 its rounding, read from its source and confirmed against onnxruntime by probes
-(tests/test_gqa_mlas_exact.py: 0 ulps):
+(tests/ops/test_gqa_mlas_exact.py: 0 ulps):
 
 - **one new token** (``MlasGQADecodeGQAThreaded``, one task per head): scores by a
   baseline-ISA dot product, 8 lanes each summing every 8th product (products rounded,

@@ -31,7 +31,7 @@ Two forms:
   of a float32 by a dot of at most 2^14 is exact in float64) rounded to float32 once.
   That differs from a true fma only if the float64 sum is inexact *and* lands exactly on
   a float32 rounding tie, which needs the two terms' exponents ~30 apart: not seen in
-  any test (``tests/test_matmulnbits_int8_compute.py`` asserts 0 ulps).
+  any test (``tests/ops/test_matmulnbits_int8_compute.py`` asserts 0 ulps).
 
 - **other bits and block sizes**, `Int8Weights`: the weights' integers ``q - zp`` laid out
   as float32 ``[blocks, block, N]``, one stacked matmul, each block's dot times

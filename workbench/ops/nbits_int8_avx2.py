@@ -30,7 +30,7 @@ What the integers are depends on how many rows MLAS's call has (rows go in chunk
 
 The integer dots are exact in float32 BLAS (|dot| <= 8 * 127 * 15). fma is float64
 arithmetic rounded once to float32, every float64 sum checked for a double-rounding tie
-(then recomputed by `ort_float32.fma32`). Tests: tests/test_ort_nbits_avx2.py.
+(then recomputed by `ort_float32.fma32`). Tests: tests/ops/test_ort_nbits_avx2.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ What `onnxruntime.quantization.quantize_dynamic` writes (its quantized embedding
 Gather dequantizes with DequantizeLinear at the model's own opset, often below 19,
 which `onnx.reference` does not implement), at every opset onnxruntime's CPU provider
 has: 10, 13, 19, 21, 23 and later. Arithmetic as onnxruntime's CPU kernels (MLAS) do it,
-pinned by ``tests/test_quant_kernels_ort.py``:
+pinned by ``tests/ops/test_quant_kernels_ort.py``:
 
 - QuantizeLinear: ``q = saturate(round_half_even(x / scale) + zero_point)``, the division
   in float32 (float16 / bfloat16 inputs and scales widened first); float8 outputs
@@ -378,7 +378,7 @@ def _u8s8_saturated(a: np.ndarray, b: np.ndarray, a_zp: Any, b_zp: Any, where: s
     raw products a[k] * b[k] summed in pairs (k = 0 and 1, 2 and 3, ...; an odd K's last
     product alone) into int16 with saturation, the pairs summed in int32, then the zero
     points applied exactly: - a_zp * sum(b) - b_zp * sum(a) + K * a_zp * b_zp. Measured
-    against onnxruntime 1.32 on an AVX2 CPU (tests/test_quant_kernels_ort.py)."""
+    against onnxruntime 1.32 on an AVX2 CPU (tests/ops/test_quant_kernels_ort.py)."""
     k = a.shape[-1]
     ai, bi = a.astype(np.int32), b.astype(np.int32)
     if k % 2:

@@ -25,5 +25,5 @@ both branches of an If) and `kernel_info` (a node as its kernel sees it: folding
 the kernel a run would use).
 
 It may import `ir`, `ops` (kernels, to fold with them) and the leaf modules; never
-`executor` or anything above it (`tests/test_layering.py`).
+`executor` or anything above it (`tests/architecture/test_layering.py`).
 """

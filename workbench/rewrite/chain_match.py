@@ -20,7 +20,7 @@ The invariants every pattern rule relies on, kept here:
 What remains for each rule to show is that its fused op computes the chain's value,
 to float rounding (a fused kernel may order the arithmetic differently, as
 onnxruntime's fusions do); each does so in its docstring, and has a differential test
-against onnxruntime running the unfused graph (tests/test_fusion_patterns.py).
+against onnxruntime running the unfused graph (tests/rewrite/test_fusion_patterns.py).
 """
 
 from __future__ import annotations

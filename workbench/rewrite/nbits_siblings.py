@@ -20,7 +20,7 @@ per block of K, the same for every column), so column j of the concatenated prod
 the column it came from. Onnxruntime's MLAS kernel sums a group of 4 columns in one
 order and the last N % 4 columns in another; with every N a multiple of 4 each column
 keeps its kind of group, so the fused product is onnxruntime's unfused one bit for bit
-where `nbits_int8` is (tests/test_nbits_siblings.py).
+where `nbits_int8` is (tests/rewrite/test_nbits_siblings.py).
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""A leaner traced step: what the executor skips recomputing per step must
-not change a value nor a recorded row.
+"""A traced step served from the executor's per-step caches records what a fresh step
+records: what the executor skips recomputing per step must not change a value nor a
+recorded row.
 
-The executor now rebuilds a step's liveness rows only where something moved since
+The executor rebuilds a step's liveness rows only where something moved since
 the slot's last step (same storage plan, owners, pinned and released sets: only the
 rows whose value's nbytes changed), reuses an io_buffers address for the very same
 array object of the same size, and emits capture segment rows from a per-slot cache.
 Each test runs at least six times with inputs at stable addresses and new contents
 (the decode-loop pattern), compares every output with onnxruntime, and compares the
 recording with a twin session whose per-step caches are dropped before every run (so
-it recomputes everything from scratch, the way the executor did before). The last
+it recomputes everything from scratch, as a fresh step does). The last
 test drives `KnownAddresses` alone through the id reuse a decode loop meets by chance.
 """
 

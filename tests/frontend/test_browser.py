@@ -34,7 +34,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "01_tour.ipynb"
+NOTEBOOK = Path(__file__).parents[2] / "notebooks" / "01_tour.ipynb"
 #: notebook 01's live decode: 20 new tokens, so 20 steps (the prefill and 19 decode steps)
 FINAL = "step 19 (20/20)"
 PREV, PREV_STEP = "step 18 (19/20)", 18
