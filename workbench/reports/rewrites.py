@@ -19,6 +19,7 @@ __all__ = ["REWRITE_COLUMNS", "REWRITE_RULES", "load_rewrites", "rewritten_nodes
 REWRITE_RULES = {
     "constant_folding": "folded into a constant (computed once at load)",
     "dead_node": "removed: its outputs feed nothing",
+    "unread_output": "kept, without the optional outputs nothing reads (not made, no buffer)",
     "unused_initializer": "initializer dropped: nothing reads it",
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",
     "matvec_threads": "kept, its weight padded with zero columns so OpenBLAS runs it on every core; "

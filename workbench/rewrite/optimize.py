@@ -5,7 +5,8 @@ the list of `Rewrite`s it made, so a user sees what runs differently from the mo
 file and why. The rules, in the order they run (each in its own module, whose
 docstring says what it rewrites and why the values stay the same):
 
-- level ``basic`` and up: ``constant_folding``, ``dead_node``, ``unused_initializer``;
+- level ``basic`` and up: ``constant_folding``, ``dead_node``, ``unread_output``,
+  ``unused_initializer``;
 - level ``all``: ``nbits_dequantized`` (before the MatMul rules, which then take those
   products as a float model's);
 - levels ``extended`` and ``all``: the fusion rules, in `fusion.RULES`' order;
@@ -39,6 +40,7 @@ from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, 
 from .matvec_layout import relay_matvec_weights
 from .matvec_threads import pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
+from .unread_outputs import drop_unread_outputs
 from .unused_initializers import drop_unused_initializers
 from .wide_layout import DEFAULT_WIDE_WEIGHT_LAYOUT, wide_weight_layout
 
@@ -70,6 +72,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
     out = copy_graph(graph)
     rewrites = notes + fold_constants(out)
     rewrites += drop_dead_nodes(out)
+    rewrites += drop_unread_outputs(out)
     released = graph.initializers if release else None
     rewrites += drop_unused_initializers(out, released)
     # the weights level "all" writes for numpy's BLAS go straight into huge pages
