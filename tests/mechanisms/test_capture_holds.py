@@ -255,6 +255,63 @@ def test_a_plain_run_loop_with_fresh_feeds_replays(backend):
     assert runs.session.executor.state.capture.staged_feeds
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_feed_that_moves_under_the_graphs_is_staged_from_then_on(backend):
+    """A caller that holds one input array for a while, then another (a new `Generator`
+    per decode, each with its staged inputs): the graphs read the first array where it
+    was, so the move retired them, and after `capture_rerecord_limit` such moves the
+    segment was captured no more, for good. The moved feed is staged at the next
+    capture: one retire, then the graphs hold through every later move."""
+    runs = _Runs(range_positions(), backend)
+    rng = np.random.default_rng(4)
+    position = np.zeros(1, np.int64)
+    step = 0
+    for holder in range(5):  # five callers in turn, each with its own array
+        ids = np.zeros((1, 1), np.int64)
+        for run in range(RUNS):
+            ids[...] = rng.integers(0, 32, (1, 1))
+            position[...] = 5 + step
+            runs.step({"input_ids": ids, "position": position}, f"holder {holder} run {run}")
+            step += 1
+    events = runs.events()
+    retires = events[events.event == "retire"]
+    # (on a device backend every host feed is copied to the device, a new array each run:
+    # staged from the first capture, so not even the one retire)
+    assert len(retires) == (1 if backend == "cpu" else 0), retires.reason.tolist()
+    assert retires.reason.str.contains("input_ids address").all(), retires.reason.tolist()
+    assert not runs.capture.limited, "a moved feed must not use up the rerecord limit"
+    assert runs.session.executor.state.capture.staged_feeds
+    late = events[events.step >= 2 * RUNS]
+    assert not late.event.isin(["capture", "retire"]).any(), late.reason.tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_new_generator_per_decode_keeps_the_sessions_graphs(tmp_path, backend):
+    """Notebook use: a `Generator` per cell over one decode session (transformers'
+    prefill + decode export: the prompt runs in the other session, so the decode
+    session's graphs outlive a decode). Each Generator has its own staged input
+    buffers; the graphs retire once for the move and then hold, decode after decode,
+    with onnxruntime's tokens. They were retired at every new Generator, and after three
+    the segment reading input_ids was captured no more."""
+    models.transformers_export(tmp_path)
+    files = find_export(tmp_path)
+    want = Generator(_ort(onnx.load(str(files.decode))), prefill=_ort(onnx.load(str(files.prefill)))).generate(
+        [3, 4, 5, 6], 12, kv="growing", progress=False, eos_token_id=-1).tokens
+    options = SessionOptions(trace=True)
+    session = workbench.InferenceSession(str(files.decode), options, backend=backend)
+    prefill = workbench.InferenceSession(str(files.prefill), options, backend=backend)
+    for decode in range(5):
+        got = Generator(session, prefill=prefill).generate([3, 4, 5, 6], 12, progress=False, eos_token_id=-1).tokens
+        assert got == want, decode
+    events = session.recording.capture_events()
+    retires = events[events.event == "retire"]
+    moved = retires[retires.reason.str.contains("address")]
+    assert len(moved) <= 1, moved.reason.tolist()  # (each prompt re-plans the slot: those retires stay)
+    assert not session.executor.slot_capture("primary").limited
+    declines = session.recording.capture_declines()
+    assert not (declines.reason == "rerecord_limit").any()
+
+
 def feed_view() -> onnx.ModelProto:
     """torch.onnx dynamo gpt2: a layer reads a view of a feed, taken by a Reshape whose
     target is computed from a fed value (a seam: it reads the target on the host); no

@@ -101,6 +101,13 @@ class CapturedGraph:
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
+    def moved(self, env: list, candidates: Any) -> set[int]:
+        """Those of `candidates` (value ids) this graph reads that are now at another
+        address than at the recording, with the same shape and dtype."""
+        return {vid for vid, dtype, shape, _, addr in self.signature
+                if vid in candidates and hasattr(env[vid], "nbytes") and env[vid].shape == shape
+                and env[vid].dtype.str == dtype and address(env[vid]) != addr}
+
     def replay(self, backend: Any, env: list, bindings: dict[str, int]) -> None:
         """Launch the recorded work and put what it wrote back into `env`, and the sizes
         it revealed into `bindings` (fixed by the input shapes `mismatch` checked)."""
@@ -188,10 +195,15 @@ class SlotCapture:
     #: value id -> (shape before, shape now) of the values whose shape moved between the
     #: last two comparable eager steps (`varying_shape` declines)
     shape_changes: dict = field(default_factory=dict)
-    #: feeds a captured segment reads that arrived at a new address each warm step: copied
-    #: into `staging` (one buffer each, the graphs read it) before every step
+    #: feeds a captured segment reads that arrived at a new address each warm step, or
+    #: once under an installed graph (`moved_feeds`): copied into `staging` (one buffer
+    #: each, the graphs read it) before every step
     staged_feeds: tuple = ()
     staging: dict = field(default_factory=dict)
+    #: feeds that came at another address than a recording read them at (a new
+    #: Generator's staged inputs, a caller's new array): staged at every later capture,
+    #: so the next graphs do not retire for it again
+    moved_feeds: set = field(default_factory=set)
     #: values made just in time outside the captured segments and read inside one: the
     #: producer's fresh result is copied into `kept` (one buffer each, address fixed)
     kept_values: frozenset = frozenset()

@@ -89,6 +89,8 @@ class CaptureRunner:
         self._seam_summary: tuple = (None, "")
         self.control_flow_outputs = {
             o for p in plan.nodes if p.node.subgraphs for o in p.outputs if o >= 0}
+        #: the graph's feeds (a moved one is staged from the next capture on: `SlotCapture.moved_feeds`)
+        self.feed_ids = frozenset(graph.inputs)
         #: where the capture tables' rows are written (`step_trace`)
         self.trace: StepTrace = trace
 
@@ -208,7 +210,8 @@ class CaptureRunner:
         seen = cap.seen[2] if cap.seen is not None else {}
         env = self.env
         cap.staged_feeds = tuple(vid for vid in sorted(fed) if hasattr(env[vid], "shape")
-                                 and (cap.staging.get(vid) is env[vid] or seen.get(vid) != address(env[vid])))
+                                 and (cap.staging.get(vid) is env[vid] or vid in cap.moved_feeds
+                                      or seen.get(vid) != address(env[vid])))
         cap.kept_values = frozenset(kept)
 
     def stage_feeds(self, cap: SlotCapture) -> None:
@@ -393,6 +396,8 @@ class CaptureRunner:
             captured = cap.graphs[seg.index]
             why = captured.mismatch(env, state.dispatch, self.graph, state.bound_slots, self.control_flow_outputs)
             if why is not None:
+                for installed in cap.graphs.values():  # (the later segments' feeds too: one retire for them all)
+                    cap.moved_feeds |= installed.moved(env, self.feed_ids)
                 self._replayed_views(cap, replayed, step)
                 StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
