@@ -41,7 +41,7 @@ def test_a_captured_graph_says_why_it_cannot_replay_and_frees_what_it_held():
     assert cap.installed
     (captured,) = cap.graphs.values()
     runner = ex.capture_runner
-    check = (ex.env, ex.state.dispatch, ex.graph, ex.state.bound_slots, runner.control_flow_outputs)
+    check = (ex.env, ex.state.dispatch, ex.graph, ex.state.bound_positions, runner.control_flow_outputs)
     assert captured.mismatch(*check) is None
     vid = ex.graph.by_name["x"]
     ex.env[vid] = np.array(x)  # the same values at another address

@@ -61,9 +61,9 @@ class CapturedGraph:
     #: value id -> array of every value the segment defines (restored into the env on replay)
     outputs: dict[int, Any]
     duration_s: float = 0.0
-    #: (plan index, output slot, buffer) the launches write into: must still be current
+    #: (plan index, output position, buffer) the launches write into: must still be current
     buffers: list = field(default_factory=list)
-    #: (the dispatch list, its output-slot lists, slots, buffers) of the last check passed
+    #: (the dispatch list, its nodes' output lists, positions, buffers) of the last check passed
     _checked: tuple | None = field(default=None, repr=False)
     #: value id -> owner, for each value the segment defines whose owner is not the
     #: storage plan's (a layout node that had to copy): every replay restores it
@@ -81,7 +81,7 @@ class CapturedGraph:
 
     # -- the lifecycle: check, replay, free ------------------------------------------------
 
-    def mismatch(self, env: list, dispatch: list, graph: Any, bound_slots: dict,
+    def mismatch(self, env: list, dispatch: list, graph: Any, bound_positions: dict,
                  control_flow_outputs: set[int]) -> tuple[str, str] | None:
         """Why this graph cannot replay on the values `env` holds now, as (retire reason,
         detail), or None: an input moved, changed shape, strides or dtype since the
@@ -96,7 +96,7 @@ class CapturedGraph:
             if dispatch[k].outs[j] is not arr:
                 vid = dispatch[k].p.outputs[j]
                 name = graph.values[vid].name
-                if vid in bound_slots:
+                if vid in bound_positions:
                     return "binding_changed", f"{name} address (caller-bound output)"
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
@@ -160,7 +160,7 @@ class CapturedGraph:
 
     def buffers_current(self, dispatch: list) -> bool:
         """Whether every node of `dispatch` still writes where the launches do. The
-        output-slot lists are fetched once per dispatch list (a re-plan makes a new one)
+        output lists are fetched once per dispatch list (a re-plan makes a new one)
         and then compared in one pass."""
         checked = self._checked
         if checked is None or checked[0] is not dispatch:
@@ -168,8 +168,8 @@ class CapturedGraph:
                 return True
             ks, js, arrays = zip(*self.buffers)
             checked = self._checked = (dispatch, [dispatch[k].outs for k in ks], js, arrays)
-        _, slots, js, arrays = checked
-        return all(map(operator.is_, map(operator.getitem, slots, js), arrays))
+        _, outputs, js, arrays = checked
+        return all(map(operator.is_, map(operator.getitem, outputs, js), arrays))
 
 
 @dataclass
@@ -274,7 +274,7 @@ class LaunchRecorder:
         must redo: every write into a buffer, a copy a layout node made (into the array
         this run produced) or an output created just in time included. A pure zero-copy
         view is no work: its replay is the view itself."""
-        slots = list(outs)
+        written = list(outs)
         for j, vid in enumerate(d.p.outputs):
             if vid < 0 or outs[j] is not None:
                 continue
@@ -282,10 +282,10 @@ class LaunchRecorder:
             made = owners.get(vid) == vid if d.view else not any(
                 is_view_of(arr, x) for x in ins if x is not None)
             if made:
-                slots[j] = arr
-        if d.p.index not in self.constant and (not d.view or any(o is not None for o in slots)):
+                written[j] = arr
+        if d.p.index not in self.constant and (not d.view or any(o is not None for o in written)):
             # every replay passes these very arrays: a kernel's checks of them are made once, here
-            self.backend.record(self.graph, replay_kernel(d.p.fn, ins, slots), ins, slots)
+            self.backend.record(self.graph, replay_kernel(d.p.fn, ins, written), ins, written)
             self.launched.append(d.p.index)
         if self.bake is not None:
             for vid in d.p.outputs:

@@ -394,7 +394,7 @@ class CaptureRunner:
                 run_nodes(seg.nodes)
                 continue
             captured = cap.graphs[seg.index]
-            why = captured.mismatch(env, state.dispatch, self.graph, state.bound_slots, self.control_flow_outputs)
+            why = captured.mismatch(env, state.dispatch, self.graph, state.bound_positions, self.control_flow_outputs)
             if why is not None:
                 for installed in cap.graphs.values():  # (the later segments' feeds too: one retire for them all)
                     cap.moved_feeds |= installed.moved(env, self.feed_ids)

@@ -2,7 +2,7 @@
 
 Per binding signature (symbol values + caller-bound output buffers) the executor
 prepares once: resolved shapes, a `StoragePlan` (owners, views, in-place aliases,
-release points) and each node's preallocated output slots. Steps that repeat the
+release points) and each node's preallocated output positions. Steps that repeat the
 signature skip straight to dispatch.
 """
 
@@ -472,12 +472,12 @@ class Executor:
         run's own buffer where the executor is done with it. A growing KV cache's present
         owns a buffer that every memo replay allocates anew at its new length, so no
         later step writes into it: on a host backend it is handed over (dropped from the
-        slot's buffers and its node's output slot), which saves a copy per output per
+        slot's buffers and its node's output position), which saves a copy per output per
         step and hands the caller the array the next step's past will be."""
         value = self.env[vid]
-        slot = self.state.handover.get(vid)
-        if slot is not None and self.backend.buffers_are_host and self.state.buffers.get(vid) is value:
-            k, j = slot
+        where = self.state.handover.get(vid)  # (plan index, output position)
+        if where is not None and self.backend.buffers_are_host and self.state.buffers.get(vid) is value:
+            k, j = where
             dispatch = self.state.dispatch[k]
             if dispatch.outs[j] is value:
                 del self.state.buffers[vid]
@@ -495,8 +495,7 @@ class Executor:
         value = self.env[vid]
         if value is None or not hasattr(value, "shape"):
             return value
-        slot = self.state.handover.get(vid)
-        if slot is not None and self.backend.buffers_are_host:
+        if vid in self.state.handover and self.backend.buffers_are_host:
             return self.output_for_caller(vid)
         return value.copy()
 

@@ -153,7 +153,7 @@ class StepPreparer:
         )
         state.dispatch = []
         state.preallocated = []
-        state.bound_slots = {}
+        state.bound_positions = {}
         state.handover = {}  # until a memo knows which outputs every replay re-sizes
         for p in self.plan.nodes:
             outs: list = []
@@ -165,7 +165,7 @@ class StepPreparer:
                     continue
                 if vid in bound:
                     outs[j] = bound[vid]
-                    state.bound_slots[vid] = (p.index, j)
+                    state.bound_positions[vid] = (p.index, j)
                     continue
                 v = values[vid]
                 if (fresh or v.dtype is None or v.shape is None or view or sp.storage.get(vid) == VIEW
@@ -257,7 +257,7 @@ class StepPreparer:
                 shapes[vid] = got
         for vid, arr in bound.items():
             shapes[vid] = tuple(arr.shape)
-            k, j = state.bound_slots[vid]
+            k, j = state.bound_positions[vid]
             dispatch[k].outs[j] = arr
         events = [] if rec is not None else None  # a growing decode's dozens of buffer events, as one block
         for k, j, vid, owner in state.variant_preallocated:

@@ -19,7 +19,7 @@ from .storage import StoragePlan
 @dataclass
 class SlotState:
     name: str
-    # -- the prepared step: resolved shapes, storage, each node's output slots -------
+    # -- the prepared step: resolved shapes, storage, each node's output positions -------
     #: exact binding signature the preparation is for (a fresh object: prepare again)
     signature: Any = field(default_factory=object)
     #: why the prepared plan must not be reused, set by a run that found it wrong
@@ -28,16 +28,16 @@ class SlotState:
     shapes: dict[int, tuple | None] = field(default_factory=dict)
     storage: StoragePlan | None = None
     dispatch: list = field(default_factory=list)  # one `prepare.Dispatch` per plan node
-    #: (plan index, output slot, value, owner) of every preallocated output
+    #: (plan index, output position, value, owner) of every preallocated output
     preallocated: list[tuple[int, int, int, int]] = field(default_factory=list)
     #: the preallocated outputs whose shape moves with a varying symbol
     variant_preallocated: list[tuple[int, int, int, int]] = field(default_factory=list)
-    #: graph output value id -> (plan index, output slot) of those that own their
+    #: graph output value id -> (plan index, output position) of those that own their
     #: buffer: every memo replay allocates them anew, so a run's buffer may be handed
     #: to the caller instead of copied (see `Executor.output_for_caller`)
     handover: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: caller-bound output value id -> (plan index, output slot)
-    bound_slots: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: caller-bound output value id -> (plan index, output position)
+    bound_positions: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: owner value id -> buffer, reused while its shape holds
     buffers: dict[int, Any] = field(default_factory=dict)
     # -- decode-plan memo (Stage 1) and the cached view plan (Stage 2) ----------------

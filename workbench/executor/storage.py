@@ -28,7 +28,7 @@ class StoragePlan:
     last_use: dict[int, int] = field(default_factory=dict)
     #: owner id -> plan index from which a view pins it for the rest of the run
     pinned_from: dict[int, int] = field(default_factory=dict)
-    #: plan index -> (output slot, input position) written in place
+    #: plan index -> (output position, input position) written in place
     in_place: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: plan index -> owner ids whose storage dies after that node (release_dead_values)
     release_after: dict[int, list[int]] = field(default_factory=dict)
@@ -105,7 +105,7 @@ def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bo
 
 def _in_place_candidate(p: Any, sp: StoragePlan, storage_end: dict[int, int],
                         shapes: dict[int, tuple | None], protected: set[int]) -> tuple[int, int] | None:
-    """(output slot 0, input position) when output 0 may overwrite a dead input's buffer."""
+    """(output position 0, input position) when output 0 may overwrite a dead input's buffer."""
     if not p.spec.may_run_in_place or not p.outputs or p.outputs[0] < 0:
         return None
     y = p.outputs[0]

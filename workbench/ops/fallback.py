@@ -40,7 +40,7 @@ def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list
     model = helper.make_model(graph, opset_imports=opsets or [helper.make_opsetid("", info.opset)])
     evaluator = ReferenceEvaluator(model)
     input_names = list(node_proto.input)
-    output_slots = [i for i, n in enumerate(node_proto.output) if n]
+    output_positions = [i for i, n in enumerate(node_proto.output) if n]
     n_out = len(node_proto.output)
 
     def to_host(value: Any) -> Any:  # onnx.reference computes on host arrays
@@ -55,10 +55,10 @@ def build_fallback(info: NodeInfo, node_proto: onnx.NodeProto, input_types: list
             feed.setdefault(name, to_host(arr))
         got = evaluator.run(None, feed)
         results: list[Any] = [None] * n_out
-        for slot, value in zip(output_slots, got):
+        for position, value in zip(output_positions, got):
             if isinstance(value, np.generic):
                 value = np.asarray(value)  # host-ok: onnx.reference returned a host numpy scalar
-            results[slot] = value
+            results[position] = value
         return results
 
     return run
