@@ -15,6 +15,17 @@ One decode step, in the order a newcomer can read it:
 4. `executor.py` `_run_nodes`: the node loop — a bare kernel call (`ops/`) straight
    from it, anything more (views, in-place writes, buffers) through `_dispatch_node`.
 5. `shadow.py`: on a step a mechanism served, the eager re-execution and comparison.
+
+Following one step from `InferenceSession.run` (`session/inference_session.py`):
+
+- an eager step: `executor.py`, `prepare.py` (full preparation), `capture_runner.py`
+  (warm-up: every node eager), the kernels' modules in `ops/`, and `step_trace.py`
+  where the step is traced: five files past the session;
+- a decode-plan memo replay: the same, `prepare.py` replaying the memo's shapes
+  (`memo.py`: its guard, and the view plan and shape fold that serve nodes);
+- a captured replay: `executor.py`, `prepare.py`, `capture_runner.py` (`_replay`),
+  `capture.py` (`CapturedGraph.mismatch` / `replay`), the backend's `launch`
+  (`backend/cpu.py` or `backend/cuda.py`) and the kernels' replay forms in `ops/`.
 """
 
 from .executor import Executor
