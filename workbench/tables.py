@@ -22,7 +22,7 @@ CAPTURE_DECLINES_COLUMNS = ("slot", "segment", "plan_index", "node", "op_type", 
 #: one run of an If branch as a graph of its own: where the If is, then what the
 #: branch's executor did (`CaptureRunner.branch_fields`)
 BRANCH_CAPTURE_COLUMNS = ("slot", "plan_index", "node", "branch", "nodes", "replayed_nodes", "replayed_us",
-                          "captures", "replays", "retires", "seams")
+                          "captures", "replays", "retires", "seams", "eager_us")
 #: one caller-facing array of a step (a feed, bound output or graph output) and the
 #: buffer at the bottom of its view chain
 IO_BUFFERS_COLUMNS = ("value_id", "role", "address", "nbytes", "base_address", "base_nbytes")

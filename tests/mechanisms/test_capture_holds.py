@@ -681,6 +681,22 @@ def test_optimum_merged_decoders_branch_is_captured_and_says_what_it_replayed(ba
     assert late.captures.nunique() == 1 and late.retires.nunique() == 1, "re-recorded after warm-up"
     assert late.seams.str.contains("growing_symbol").all()  # what stays eager, by reason
     assert share > 0.35, share
+    # the branch's eager kernels are timed on the host clock, so coverage counts the
+    # branch's node time in place of the If's (on a device: not timed, the If's time)
+    if backend == "cpu":
+        assert (late.eager_us > 0).all(), late.eager_us.tolist()
+        cov = reports.capture_coverage(session.recording)
+        t = session.recording.node_timings()
+        for step in late.step:
+            if_us = t[(t.step == step) & t.plan_index.isin(late.plan_index)].duration_us.sum()
+            row = late[late.step == step].iloc[0]
+            assert row.replayed_us + row.eager_us <= if_us
+            got = cov[cov.step == step].iloc[0]
+            assert got.replayed_us == pytest.approx(row.replayed_us)
+            assert got.time_us == pytest.approx(t[t.step == step].duration_us.sum() - if_us
+                                                + row.replayed_us + row.eager_us)
+    else:
+        assert late.eager_us.isna().all()
 
 
 def overwritten_shape_value() -> onnx.ModelProto:

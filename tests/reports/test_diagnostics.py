@@ -64,7 +64,13 @@ def test_capture_coverage_shares_sum_to_one_and_match_the_node_timings(name, how
         at = t[t.step == r.step]
         rows = branches[branches.step == r.step] if branches is not None else at.iloc[:0]
         extra = int((rows.nodes - 1).sum()) if len(rows) else 0
-        assert r.nodes == len(at) + extra and r.time_us == pytest.approx(at.duration_us.sum())
+        # the If's own time gives way to its branch's node time: replayed and eager kernels
+        if_us = float(at[at.plan_index.isin(rows.plan_index)].duration_us.sum()) if len(rows) else 0.0
+        branch_us = float((rows.replayed_us + rows.eager_us).sum()) if len(rows) else 0.0
+        if len(rows):
+            assert rows.eager_us.notna().all() and (rows.eager_us >= 0).all()
+            assert branch_us <= if_us, "the branch's node time lies inside the If's"
+        assert r.nodes == len(at) + extra and r.time_us == pytest.approx(at.duration_us.sum() - if_us + branch_us)
         native = at[~at.plan_index.isin(fallback)]
         replayed = int(rows.replayed_nodes.sum()) if len(rows) else 0
         replayed_us = float(rows.replayed_us.sum()) if len(rows) else 0.0

@@ -430,7 +430,8 @@ class CaptureRunner:
     def branch_fields(self, step: StepRun) -> tuple:
         """`step`, the last run of this (If branch's) executor, as its `branch_capture`
         row gives it after the If's: nodes, nodes replayed and the host µs replaying
-        them, the slot's captures, replays and retires so far, and its seams by reason."""
+        them, the slot's captures, replays and retires so far, its seams by reason, and
+        the µs its eager nodes' kernels took (timed where the step kept a node log)."""
         cap = step.state.capture
         declines, seams = self._seam_summary
         if declines is not cap.declines:
@@ -439,8 +440,10 @@ class CaptureRunner:
                 counts[d.reason] = counts.get(d.reason, 0) + 1
             seams = ", ".join(f"{reason} x{n}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]))
             self._seam_summary = (cap.declines, seams)
+        log = step.node_log
+        eager_s = sum(log[2::3]) if log is not None and step.rec is None else float("nan")
         return (len(self.plan.nodes), len(step.replayed_nodes), step.replayed_s * 1e6,
-                cap.captures, cap.replays, cap.retires, seams)
+                cap.captures, cap.replays, cap.retires, seams, eager_s * 1e6)
 
     @staticmethod
     def replay_restores(cap: SlotCapture) -> frozenset:

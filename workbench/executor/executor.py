@@ -84,6 +84,9 @@ class Executor:
         self._if_predicates: dict[int, bool] = {}
         #: the last step's prepared plan held as it was (`PreparedStep.steady`)
         self._steady = False
+        #: time the eager nodes' kernels though untraced (an If branch run as a graph of its
+        #: own, while the enclosing graph is traced: its `branch_capture` row's eager_us)
+        self.time_kernels = False
         #: the last run's scratch (`StepRun`); a new one every run
         self.step: StepRun | None = None
         #: prepares each step: the full resolve, or a decode-plan memo replay
@@ -207,7 +210,12 @@ class Executor:
         state, rec = self.state, self.recording
         # a traced step's eager nodes log their rows onto the Recording's node log,
         # timed by the host clock where the backend has one (`_dispatch_node`)
-        node_log, clock = (rec.node_log(), self._host_clock) if rec is not None else (None, None)
+        if rec is not None:
+            node_log, clock = rec.node_log(), self._host_clock
+        elif self.time_kernels and self._host_clock is not None:
+            node_log, clock = [], self._host_clock  # (plan index, "eager", seconds) per eager node
+        else:
+            node_log, clock = None, None
         step = self.step = StepRun(state, self.env, bindings, rec, node_log, clock, owners=state.storage.owner)
         step.run_nodes = functools.partial(self._run_nodes, step)
         if action == "replayed":
@@ -580,6 +588,7 @@ class Executor:
                 feeds[vid] = outer[name]
             if reusable:
                 try:
+                    child.time_kernels = self.recording is not None
                     child.run(feeds, slot=self.state.name)
                     if self.recording is not None:
                         self.step_trace.branch(self.recording, self.state.name, graph,

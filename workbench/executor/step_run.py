@@ -29,7 +29,8 @@ class StepRun:
     bindings: dict[str, int]
     #: the Recording this run writes into, or None (tracing off)
     rec: Any = None
-    #: the Recording's node log, extended between kernels (`Recording.node_log`)
+    #: the Recording's node log, extended between kernels (`Recording.node_log`); for an
+    #: untraced If branch timing its kernels (`Executor.time_kernels`), a list of its own
     node_log: list | None = None
     #: the host clock timing traced nodes, or None where the backend's timers do
     clock: Any = None

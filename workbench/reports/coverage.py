@@ -48,8 +48,11 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     `<kind>_time_share` (of its node time). A node whose kernel is the host fallback
     counts as host_fallback (not eager). An If whose branch ran as a graph of its own
     counts as that branch's nodes, replayed as its `branch_capture` row says and eager
-    for the rest. Shares of one step sum to 1 (NaN for a step with no node executions
-    recorded).
+    for the rest; its time is the branch's node time (replayed segments and eager
+    kernels, the row's replayed_us and eager_us) where the row has eager_us, as a graph's
+    own node time leaves out its executor's bookkeeping; else the If's own time, its
+    replayed part moved to replayed. Shares of one step sum to 1 (NaN for a step with no
+    node executions recorded).
     """
     f = as_frames(src)
     t = _kinds(f)
@@ -59,9 +62,13 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     times = t.groupby(["step", "kind"])["duration_us"].sum().unstack(fill_value=0.0)
     n = counts.sum(axis=1).reindex(out["step"]).fillna(0).astype("int64").to_numpy()
     total = times.sum(axis=1).reindex(out["step"]).fillna(0.0).to_numpy()
-    branch_nodes, branch_replayed, branch_us = _branch_replays(f, out["step"])
+    branch_nodes, branch_replayed, branch_us, branch_eager_us = _branch_replays(f, out["step"])
     # an If branch run as a graph of its own (optimum's merged decoder): its nodes count
-    # instead of the If, its replayed time moves out of the If's eager time
+    # instead of the If; its node time (replayed and eager) instead of the If's time
+    # where its eager kernels were timed, else its replayed time moves out of the If's
+    if_us = _branch_if_time(f, t, out["step"])
+    timed = ~np.isnan(branch_eager_us)
+    total = np.where(timed, total - if_us + branch_us + np.nan_to_num(branch_eager_us), total)
     n = n + np.maximum(branch_nodes - 1, 0)
     out["nodes"] = n
     out["time_us"] = total
@@ -73,7 +80,8 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
                 c, us = c + branch_replayed, us + branch_us
             elif k == "eager":
                 c = c + np.maximum(branch_nodes - branch_replayed - 1, 0) * (branch_nodes > 0)
-                us = (us - branch_us).clip(lower=0.0)
+                us = pd.Series(np.where(timed, us.to_numpy() - if_us + np.nan_to_num(branch_eager_us),
+                                        (us - branch_us).to_numpy()), index=us.index).clip(lower=0.0)
             out[f"{k}_nodes"] = c.astype("int64").to_numpy()
             out[f"{k}_us"] = us.to_numpy()
             out[f"{k}_share"] = np.where(n > 0, c.to_numpy() / np.maximum(n, 1), np.nan)
@@ -81,17 +89,31 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     return out
 
 
-def _branch_replays(f: Frames, steps: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _branch_replays(f: Frames, steps: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per step (in `steps`' order): the nodes of the If branches that ran as graphs of
-    their own, how many of them a captured segment replayed, and its µs (zeros without
-    a branch_capture table)."""
+    their own, how many of them a captured segment replayed, its µs, and the µs of
+    their eager kernels (zeros without a branch_capture table; eager µs NaN where a
+    step has a row that did not time them, or none)."""
     rows = f.optional("branch_capture")
     if rows is None or rows.empty:
         zeros = np.zeros(len(steps))
-        return zeros.astype("int64"), zeros.astype("int64"), zeros
+        return zeros.astype("int64"), zeros.astype("int64"), zeros, np.full(len(steps), np.nan)
     per = rows.groupby("step")[["nodes", "replayed_nodes", "replayed_us"]].sum().reindex(steps).fillna(0)
+    eager = pd.Series(dtype=float)
+    if "eager_us" in rows:  # a step's figure only where every one of its rows timed its kernels
+        eager = rows.groupby("step")["eager_us"].agg(lambda v: v.sum() if v.notna().all() else np.nan)
     return (per["nodes"].to_numpy(dtype="int64"), per["replayed_nodes"].to_numpy(dtype="int64"),
-            per["replayed_us"].to_numpy(dtype=float))
+            per["replayed_us"].to_numpy(dtype=float), eager.reindex(steps).to_numpy(dtype=float))
+
+
+def _branch_if_time(f: Frames, t: pd.DataFrame, steps: pd.Series) -> np.ndarray:
+    """Per step: the µs of the If nodes whose branch has a branch_capture row that step."""
+    rows = f.optional("branch_capture")
+    if rows is None or rows.empty:
+        return np.zeros(len(steps))
+    ifs = rows[["step", "plan_index"]].drop_duplicates()
+    timed = t.merge(ifs, on=["step", "plan_index"])
+    return timed.groupby("step")["duration_us"].sum().reindex(steps).fillna(0.0).to_numpy(dtype=float)
 
 
 def decode_coverage(src: Recording | Frames, phases: tuple[str, ...] = ("decode",)) -> dict:
