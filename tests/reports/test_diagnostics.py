@@ -132,7 +132,12 @@ def test_seam_costs_with_capture_off_charge_every_node_to_capture_disabled(how, 
     decode = rec.steps().query("phase == 'decode'").step
     t = rec.node_timings()
     assert seams.total_us.iloc[0] == pytest.approx(t[t.step.isin(decode)].duration_us.sum())
-    assert 0.3 < seams.share_of_step.iloc[0] <= 1.0
+    # the node time's share of the decode steps' wall time (a ratio of two timings: no
+    # bound on it holds on a loaded machine, only the identity and that it is a share)
+    steps = rec.steps().set_index("step")
+    wall_us = float(steps.loc[list(decode), "wall_ms"].sum()) * 1e3
+    assert seams.share_of_step.iloc[0] == pytest.approx(seams.total_us.iloc[0] / wall_us)
+    assert 0.0 < seams.share_of_step.iloc[0] <= 1.0
 
 
 def test_the_reports_know_every_documented_decline_reason():
