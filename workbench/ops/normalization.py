@@ -137,15 +137,19 @@ def build_layer_norm(info: NodeInfo) -> KernelFn:
 # --- RMSNormalization and SimplifiedLayerNormalization ------------------------------
 
 
+def _rms_settings(info: NodeInfo) -> tuple:
+    """(compute dtype, epsilon in it, the trailing axes by rank, inv_std_var wanted, its dtype)."""
+    stash = _stash_dtype(info)
+    compute = _compute_dtype(info.input_dtypes[0], stash)
+    want_inv = _wanted(info, 1)
+    return (compute, compute.type(info.attr("epsilon", 1e-5)), _trailing_axes(info), want_inv,
+            info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash)
+
+
 def _build_rms_norm(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dtype]) -> KernelFn:
     """Shared by both RMS norms on any backend; `y_dtype_of(x, scale)` names Y's dtype."""
     xp = info.xp
-    stash = _stash_dtype(info)
-    compute = _compute_dtype(info.input_dtypes[0], stash)
-    epsilon = compute.type(info.attr("epsilon", 1e-5))
-    axes_for = _trailing_axes(info)
-    want_inv = _wanted(info, 1)
-    inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
+    compute, epsilon, axes_for, want_inv, inv_dtype = _rms_settings(info)
 
     def run(inputs: list, outs: list) -> list:
         x, scale = inputs[0], inputs[1]
@@ -162,17 +166,12 @@ def _build_rms_norm_host(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dty
     form too); onnxruntime's rounding in numpy where the plan asks for it and the rows
     do not fit the compiled form; the generic kernel otherwise. Chosen once per build."""
     generic = _build_rms_norm(info, y_dtype_of)
-    stash = _stash_dtype(info)
-    compute = _compute_dtype(info.input_dtypes[0], stash)
+    compute, epsilon, axes_for, want_inv, inv_dtype = _rms_settings(info)
     as_onnxruntime = compute in (F32, F64) and info.onnxruntime_rounding
     compiled = (compute == F32 and (info.onnxruntime_rounding or info.faster_onnxruntime_rounding)
                 and mlas_jit.available("rms_rows"))
     if not (as_onnxruntime or compiled):
         return generic
-    epsilon = compute.type(info.attr("epsilon", 1e-5))
-    axes_for = _trailing_axes(info)
-    want_inv = _wanted(info, 1)
-    inv_dtype = info.output_dtypes[1] if want_inv and info.output_dtypes[1] else stash
     sum_of_squares = sum_of_squares_function() if as_onnxruntime else None  # compiled or emulated
 
     def run(inputs: list, outs: list) -> list:

@@ -67,8 +67,10 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
     # instead of the If; its node time (replayed and eager) instead of the If's time
     # where its eager kernels were timed, else its replayed time moves out of the If's
     if_us = _branch_if_time(f, t, out["step"])
-    timed = ~np.isnan(branch_eager_us)
-    total = np.where(timed, total - if_us + branch_us + np.nan_to_num(branch_eager_us), total)
+    # the If's time that is not its branch's node time: the branch executor's own
+    # bookkeeping, where the row timed the branch's eager kernels (else none is known)
+    bookkeeping = np.where(np.isnan(branch_eager_us), 0.0, if_us - branch_us - np.nan_to_num(branch_eager_us))
+    total = total - bookkeeping
     n = n + np.maximum(branch_nodes - 1, 0)
     out["nodes"] = n
     out["time_us"] = total
@@ -80,8 +82,7 @@ def capture_coverage(src: Recording | Frames) -> pd.DataFrame:
                 c, us = c + branch_replayed, us + branch_us
             elif k == "eager":
                 c = c + np.maximum(branch_nodes - branch_replayed - 1, 0) * (branch_nodes > 0)
-                us = pd.Series(np.where(timed, us.to_numpy() - if_us + np.nan_to_num(branch_eager_us),
-                                        (us - branch_us).to_numpy()), index=us.index).clip(lower=0.0)
+                us = (us - branch_us - bookkeeping).clip(lower=0.0)
             out[f"{k}_nodes"] = c.astype("int64").to_numpy()
             out[f"{k}_us"] = us.to_numpy()
             out[f"{k}_share"] = np.where(n > 0, c.to_numpy() / np.maximum(n, 1), np.nan)
@@ -99,9 +100,9 @@ def _branch_replays(f: Frames, steps: pd.Series) -> tuple[np.ndarray, np.ndarray
         zeros = np.zeros(len(steps))
         return zeros.astype("int64"), zeros.astype("int64"), zeros, np.full(len(steps), np.nan)
     per = rows.groupby("step")[["nodes", "replayed_nodes", "replayed_us"]].sum().reindex(steps).fillna(0)
-    eager = pd.Series(dtype=float)
-    if "eager_us" in rows:  # a step's figure only where every one of its rows timed its kernels
-        eager = rows.groupby("step")["eager_us"].agg(lambda v: v.sum() if v.notna().all() else np.nan)
+    # a step's figure only where every one of its rows timed its kernels
+    eager = (rows.groupby("step")["eager_us"].agg(lambda v: v.sum() if v.notna().all() else np.nan)
+             if "eager_us" in rows else pd.Series(dtype=float))
     return (per["nodes"].to_numpy(dtype="int64"), per["replayed_nodes"].to_numpy(dtype="int64"),
             per["replayed_us"].to_numpy(dtype=float), eager.reindex(steps).to_numpy(dtype=float))
 

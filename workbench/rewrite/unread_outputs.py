@@ -57,8 +57,8 @@ def drop_unread_outputs(graph: Graph) -> list[Rewrite]:
         unread = [j for j, vid in enumerate(node.outputs) if vid >= 0 and vid not in read]
         if not unread:
             continue
-        opset = graph.opsets.get(node.domain, graph.opsets.get("", 1))
-        dropped = [j for j in unread if j in optional_outputs(node.domain, node.op_type, opset)]
+        optional = optional_outputs(node.domain, node.op_type, graph.opsets.get(node.domain, graph.opsets.get("", 1)))
+        dropped = [j for j in unread if j in optional]
         if not dropped:
             continue
         names = ", ".join(graph.values[node.outputs[j]].name for j in dropped)
