@@ -55,7 +55,7 @@ def hot_time(executor, plan_index: int) -> float:
     """Median seconds of the node's kernel called back to back on the last step's arrays
     (the session is spent afterwards: in-place kernels have rewritten their inputs)."""
     p = executor.plan.nodes[plan_index]
-    ins = [executor.env[i] if i >= 0 else None for i in p.inputs]
+    ins = [executor.arrays[i] if i >= 0 else None for i in p.inputs]
     outs = list(executor.state.dispatch[plan_index].outs)
     times = []
     with np.errstate(all="ignore"):  # a kernel writing in place re-reads its own result: values drift

@@ -102,15 +102,15 @@ def test_holds_now_is_true_only_while_the_very_objects_are_there():
     from workbench.addresses import holds_now
 
     a, b, c = np.zeros(2), np.zeros(2), np.zeros(2)
-    env = [a, b, c]
+    arrays = [a, b, c]
     for keys in ((), (1,), (0, 2)):
-        check = holds_now(env, keys)
-        assert check(env)
+        check = holds_now(arrays, keys)
+        assert check(arrays)
         if keys:
-            env[keys[-1]] = env[keys[-1]].copy()  # equal values, another object
-            assert not check(env)
-            env[:] = [a, b, c]
-            assert check(env)
+            arrays[keys[-1]] = arrays[keys[-1]].copy()  # equal values, another object
+            assert not check(arrays)
+            arrays[:] = [a, b, c]
+            assert check(arrays)
     buffers = {"x": a}
     check = holds_now(buffers, ["x"])
     del buffers["x"]

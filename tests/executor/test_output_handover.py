@@ -70,7 +70,7 @@ def test_handed_over_presents_stay_what_their_step_computed(flavor, options):
     buffers = [b for state in ours.executor.slots.values() for b in state.buffers.values()]
     assert not any(b is a for a in handed for b in buffers), "the executor keeps no handed-over array"
     later = got[2:]  # steps the memo replays: their presents were handed over, not copied
-    assert all(ours.executor.env[v] is later[-1][k] for k, v in enumerate(ours.graph.outputs) if k > 0)
+    assert all(ours.executor.arrays[v] is later[-1][k] for k, v in enumerate(ours.graph.outputs) if k > 0)
     assert len({id(a) for a in handed}) == len(handed)
 
 

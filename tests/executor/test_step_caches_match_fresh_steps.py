@@ -53,10 +53,10 @@ def _check_io_addresses(session):
     emit = ex.step_trace.io_buffers
     checked = []
 
-    def emit_and_check(rec, feeds, bound, env):
-        emit(rec, feeds, bound, env)
+    def emit_and_check(rec, feeds, bound, arrays):
+        emit(rec, feeds, bound, arrays)
         arrays = [feeds[v] for v in feeds] + list(bound.values()) + \
-            [env[v] for v in ex.graph.outputs if v not in bound]
+            [arrays[v] for v in ex.graph.outputs if v not in bound]
         want = [(address(a), address(storage_root(a))) for a in arrays if hasattr(a, "nbytes")]
         rows = list(rec._generic["io_buffers"].pending[-1][1])  # the last (columns, rows) emitted
         assert [(r[2], r[4]) for r in rows] == want, f"step {rec.current_step}"
@@ -415,7 +415,7 @@ def test_liveness_compares_only_what_a_replay_of_the_same_graphs_does_not_restor
     for vid in range(4):
         sp.storage[vid], sp.owner[vid], sp.first_def[vid], sp.last_use[vid] = OWNER, vid, vid, vid + 1
     rows, sink = LivenessRows(sp, (), frozenset()), _LivenessSink()
-    env = [np.zeros(n, np.float32) for n in (1, 2, 3, 4)]
+    arrays = [np.zeros(n, np.float32) for n in (1, 2, 3, 4)]
     graphs = frozenset({1, 2})  # what the installed graphs restore
     steps = [(None, {}),                      # eager
              (graphs, {1: 5}),                 # first replay: all compared
@@ -433,9 +433,9 @@ def test_liveness_compares_only_what_a_replay_of_the_same_graphs_does_not_restor
              (frozenset({1, 2}), {})]          # recaptured after patching only some
     for replayed, new in steps:
         for vid, n in new.items():
-            env[vid] = np.zeros(n, np.float32)
-        rows.emit(sink, env, sp.owner, {}, {}, set(), replayed)
-        assert sink.steps[-1] == {vid: a.nbytes for vid, a in enumerate(env)}, f"step {len(sink.steps) - 1}"
+            arrays[vid] = np.zeros(n, np.float32)
+        rows.emit(sink, arrays, sp.owner, {}, {}, set(), replayed)
+        assert sink.steps[-1] == {vid: a.nbytes for vid, a in enumerate(arrays)}, f"step {len(sink.steps) - 1}"
     assert rows._watching is rows._watch_all, "the last step, a new set of graphs, compared them all"
     sparse = [sink.patches[k] for k in (3, 8, 9, 10, 14)]  # the same graphs replayed a third time on
     assert [len(positions) for positions, _ in sparse] == [2] * 5, "those steps patch only 0 and 3"

@@ -41,12 +41,12 @@ def test_a_captured_graph_says_why_it_cannot_replay_and_frees_what_it_held():
     assert cap.installed
     (captured,) = cap.graphs.values()
     runner = ex.capture_runner
-    check = (ex.env, ex.state.dispatch, ex.graph, ex.state.bound_positions, runner.control_flow_outputs)
+    check = (ex.arrays, ex.state.dispatch, ex.graph, ex.state.bound_positions, runner.control_flow_outputs)
     assert captured.mismatch(*check) is None
     vid = ex.graph.by_name["x"]
-    ex.env[vid] = np.array(x)  # the same values at another address
+    ex.arrays[vid] = np.array(x)  # the same values at another address
     assert captured.mismatch(*check) == ("binding_changed", "x address")
-    ex.env[vid] = np.ones((2, 8), np.float32)
+    ex.arrays[vid] = np.ones((2, 8), np.float32)
     reason, detail = captured.mismatch(*check)
     assert reason == "binding_changed" and detail == "x shape (1, 8) -> (2, 8)"
     cap.retire()

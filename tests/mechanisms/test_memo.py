@@ -123,13 +123,13 @@ def test_moved_stage2_source_forces_a_rebuild_and_latches_after_two():
     steps = []
 
     def run_and_move(*args, **kwargs):
-        env = original_run(*args, **kwargs)
+        arrays = original_run(*args, **kwargs)
         steps.append(executor.preparer.view_plan_state(executor.state))
         plan = executor.state.view_plan
         if plan is not None and plan.validated and len(steps) >= 5:
             for owner in plan.sources:  # the buffer moves: same shape, new address
                 executor.state.buffers[owner] = executor.state.buffers[owner].copy()
-        return env
+        return arrays
 
     executor.run = run_and_move
     got = gen.generate(PROMPT, 16, progress=False, eos_token_id=-1)

@@ -46,9 +46,9 @@ def test_layout_ops_copy_nothing_but_the_listed_materialisations(flavor):
                 assert len(listed) == 1, f"{out} was copied without being recorded"
                 assert listed.bytes.iloc[0] == row.bytes > 0
     # and the arrays themselves agree: a view value shares memory with its source
-    env = session.executor.env
+    arrays = session.executor.arrays
     for _, v in views.iterrows():
-        assert np.shares_memory(env[v.value_id], env[v.source_id])
+        assert np.shares_memory(arrays[v.value_id], arrays[v.source_id])
 
 
 def test_views_pin_their_source_and_strides_walk_it():

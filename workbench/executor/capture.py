@@ -58,7 +58,7 @@ class CapturedGraph:
     graph: Any
     #: (value id, dtype, shape, strides, address) of every external input, at capture time
     signature: tuple
-    #: value id -> array of every value the segment defines (restored into the env on replay)
+    #: value id -> array of every value the segment defines (restored into the executor's arrays on replay)
     outputs: dict[int, Any]
     duration_s: float = 0.0
     #: (plan index, output position, buffer) the launches write into: must still be current
@@ -81,13 +81,13 @@ class CapturedGraph:
 
     # -- the lifecycle: check, replay, free ------------------------------------------------
 
-    def mismatch(self, env: list, dispatch: list, graph: Any, bound_positions: dict,
+    def mismatch(self, arrays: list, dispatch: list, graph: Any, bound_positions: dict,
                  control_flow_outputs: set[int]) -> tuple[str, str] | None:
-        """Why this graph cannot replay on the values `env` holds now, as (retire reason,
+        """Why this graph cannot replay on the values `arrays` holds now, as (retire reason,
         detail), or None: an input moved, changed shape, strides or dtype since the
         recording, or a node of the segment has another output buffer than it wrote."""
-        if not self._same_binding(env, graph.initializers):
-            now = binding_signature(env, [entry[0] for entry in self.signature])
+        if not self._same_binding(arrays, graph.initializers):
+            now = binding_signature(arrays, [entry[0] for entry in self.signature])
             if now != self.signature:
                 return describe_change(graph, self.signature, now, control_flow_outputs)
         if self.buffers_current(dispatch):
@@ -101,26 +101,26 @@ class CapturedGraph:
                 return "buffers_reallocated", f"{name} has a new buffer"
         return None
 
-    def moved(self, env: list, candidates: Any) -> set[int]:
+    def moved(self, arrays: list, candidates: Any) -> set[int]:
         """Those of `candidates` (value ids) this graph reads that are now at another
         address than at the recording, with the same shape and dtype."""
         return {vid for vid, dtype, shape, _, addr in self.signature
-                if vid in candidates and hasattr(env[vid], "nbytes") and env[vid].shape == shape
-                and env[vid].dtype.str == dtype and address(env[vid]) != addr}
+                if vid in candidates and hasattr(arrays[vid], "nbytes") and arrays[vid].shape == shape
+                and arrays[vid].dtype.str == dtype and address(arrays[vid]) != addr}
 
-    def replay(self, backend: Any, env: list, bindings: dict[str, int]) -> None:
-        """Launch the recorded work and put what it wrote back into `env`, and the sizes
+    def replay(self, backend: Any, arrays: list, bindings: dict[str, int]) -> None:
+        """Launch the recorded work and put what it wrote back into `arrays`, and the sizes
         it revealed into `bindings` (fixed by the input shapes `mismatch` checked)."""
         backend.launch(self.graph)
         for vid, arr in self.outputs.items():
-            env[vid] = arr
+            arrays[vid] = arr
         bindings.update(self.symbols)
 
     def free(self) -> None:
         """Let go of the backend graph and the buffers it addresses (its pool with them)."""
         self.graph, self.outputs, self.buffers, self._checked, self._seen = None, {}, [], None, None
 
-    def _same_binding(self, env: list, initializers: Any) -> bool:
+    def _same_binding(self, arrays: list, initializers: Any) -> bool:
         """True when every input is as `binding_signature` recorded it at capture time
         (dtype, shape, strides, address); False sends the check to the full comparison.
 
@@ -133,9 +133,9 @@ class CapturedGraph:
         seen = self._seen
         if seen is not None:
             live, same_initializers = seen
-            if same_initializers(env):
+            if same_initializers(arrays):
                 for vid, shape, strides, ref, dtype in live:
-                    a = env[vid]
+                    a = arrays[vid]
                     if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
                         break
                 else:
@@ -143,7 +143,7 @@ class CapturedGraph:
         self._seen = None
         live, fixed = [], []
         for vid, dtype, shape, strides, addr in self.signature:
-            a = env[vid]
+            a = arrays[vid]
             if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
                     or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
                 return False
@@ -155,7 +155,7 @@ class CapturedGraph:
             live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
         except TypeError:  # something without weak references: check it in full every step
             return True
-        self._seen = (live, holds_now(env, fixed))
+        self._seen = (live, holds_now(arrays, fixed))
         return True
 
     def buffers_current(self, dispatch: list) -> bool:
@@ -166,10 +166,10 @@ class CapturedGraph:
         if checked is None or checked[0] is not dispatch:
             if not self.buffers:
                 return True
-            ks, js, arrays = zip(*self.buffers)
-            checked = self._checked = (dispatch, [dispatch[k].outs for k in ks], js, arrays)
-        _, outputs, js, arrays = checked
-        return all(map(operator.is_, map(operator.getitem, outputs, js), arrays))
+            ks, js, recorded = zip(*self.buffers)
+            checked = self._checked = (dispatch, [dispatch[k].outs for k in ks], js, recorded)
+        _, outputs, js, recorded = checked
+        return all(map(operator.is_, map(operator.getitem, outputs, js), recorded))
 
 
 @dataclass
@@ -269,8 +269,8 @@ class LaunchRecorder:
         self.backend.record(self.graph, copy_launch, [source], [copy])
         self.launched.append(-1)
 
-    def dispatched(self, d: Any, ins: list, outs: list, env: list, owners: dict[int, int]) -> None:
-        """Node `d` ran on `ins` into `outs`; `env` holds what it produced. What a replay
+    def dispatched(self, d: Any, ins: list, outs: list, arrays: list, owners: dict[int, int]) -> None:
+        """Node `d` ran on `ins` into `outs`; `arrays` holds what it produced. What a replay
         must redo: every write into a buffer, a copy a layout node made (into the array
         this run produced) or an output created just in time included. A pure zero-copy
         view is no work: its replay is the view itself."""
@@ -278,7 +278,7 @@ class LaunchRecorder:
         for j, vid in enumerate(d.p.outputs):
             if vid < 0 or outs[j] is not None:
                 continue
-            arr = env[vid]
+            arr = arrays[vid]
             made = owners.get(vid) == vid if d.view else not any(
                 is_view_of(arr, x) for x in ins if x is not None)
             if made:
@@ -290,7 +290,7 @@ class LaunchRecorder:
         if self.bake is not None:
             for vid in d.p.outputs:
                 if vid >= 0:
-                    self.bake(vid, env[vid])
+                    self.bake(vid, arrays[vid])
 
 
 def copy_launch(ins: list, outs: list) -> tuple:
@@ -343,7 +343,7 @@ def constant_nodes(segments: list, plan: Any, derived: frozenset, storage: Any,
     so by `shape_derived_values`' argument a replay that passed its input-shape checks
     would write the very values the recording wrote. A launch list that records
     computed work (the CPU backend) drops them: their arrays keep the recording's
-    values, and each replay restores them into the environment.
+    values, and each replay restores them into the executor's arrays.
 
     That holds while nothing else writes those bytes between replays: no node writes
     in place over one (an ALIAS of its owner), none is handed to the caller or bound
@@ -408,8 +408,8 @@ def external_inputs(plan: Any, nodes: list[int]) -> list[int]:
     return ext
 
 
-def binding_signature(env: list, vids: list[int]) -> tuple:
-    return tuple(_identity(v, env[v]) for v in vids)
+def binding_signature(arrays: list, vids: list[int]) -> tuple:
+    return tuple(_identity(v, arrays[v]) for v in vids)
 
 
 def _identity(vid: int, a: Any) -> tuple:

@@ -69,10 +69,10 @@ class CaptureRunner:
     """The capture side of an executor: what it runs is fixed for its life and given
     here; each step comes as a `StepRun` (the slot, the values, the node loop)."""
 
-    def __init__(self, plan: Any, graph: Any, backend: Any, options: Any, env: list,
+    def __init__(self, plan: Any, graph: Any, backend: Any, options: Any, arrays: list,
                  input_symbols: Any, trace: StepTrace):
         self.plan, self.graph, self.backend = plan, graph, backend
-        self.options, self.env = options, env
+        self.options, self.arrays = options, arrays
         self.input_symbols = input_symbols
         self.clock = getattr(self.backend, "host_clock", None)  # see `Backend.host_clock`
         self.build_growing = growing_symbols(graph)
@@ -121,7 +121,7 @@ class CaptureRunner:
         pinned = set()
         for vid in self.graph.inputs:
             v = self.graph.values[vid]
-            arr = self.env[vid]
+            arr = self.arrays[vid]
             if v.shape and len(v.shape) == 4 and isinstance(v.shape[2], str) and arr is not None \
                     and address(arr) in bound_addresses:
                 pinned.add(v.shape[2])
@@ -208,37 +208,37 @@ class CaptureRunner:
             if vid in inputs and vid not in bound:
                 fed.add(vid)
         seen = cap.seen[2] if cap.seen is not None else {}
-        env = self.env
-        cap.staged_feeds = tuple(vid for vid in sorted(fed) if hasattr(env[vid], "shape")
-                                 and (cap.staging.get(vid) is env[vid] or vid in cap.moved_feeds
-                                      or seen.get(vid) != address(env[vid])))
+        arrays = self.arrays
+        cap.staged_feeds = tuple(vid for vid in sorted(fed) if hasattr(arrays[vid], "shape")
+                                 and (cap.staging.get(vid) is arrays[vid] or vid in cap.moved_feeds
+                                      or seen.get(vid) != address(arrays[vid])))
         cap.kept_values = frozenset(kept)
 
     def stage_feeds(self, cap: SlotCapture) -> None:
         """Copy each staged feed into its buffer and run on that (the caller's array is
         only read); a feed already there (IOBinding of the staging buffer) is left."""
-        env = self.env
+        arrays = self.arrays
         backend = self.backend
         for vid in cap.staged_feeds:
-            arr = env[vid]
+            arr = arrays[vid]
             buf = cap.staging.get(vid)
             if arr is buf:
                 continue
             if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
                 buf = cap.staging[vid] = backend.allocate(arr.shape, arr.dtype)
             buf[...] = arr
-            env[vid] = buf
+            arrays[vid] = buf
 
     def observe(self, cap: SlotCapture, bindings: dict[str, int]) -> None:
         """After an eager step: note every value's shape and every feed's address. Two
         comparable steps (the same symbols, none shrunk: the same decode regime) give the
         values whose shape moves (`varying_shape`); a prefill before a decode resets it."""
-        env = self.env
-        shapes = tuple(getattr(a, "shape", None) for a in env)
-        feeds = {vid: address(env[vid]) for vid in self.graph.inputs if hasattr(env[vid], "shape")}  # (sequences: none)
+        arrays = self.arrays
+        shapes = tuple(getattr(a, "shape", None) for a in arrays)
+        feeds = {vid: address(arrays[vid]) for vid in self.graph.inputs if hasattr(arrays[vid], "shape")}  # (sequences: none)
         if not self.backend.capture_executes_work:  # what a recording there would bake
             to_host = self.backend.to_host
-            cap.derived_host = {vid: to_host(env[vid]) for vid in self.shape_derived
+            cap.derived_host = {vid: to_host(arrays[vid]) for vid in self.shape_derived
                                 if small_enough_to_bake(shapes[vid])}
         before = cap.seen
         # the regime is the inputs' symbols: just-in-time ones come and go with what ran
@@ -285,7 +285,7 @@ class CaptureRunner:
     def _capture(self, step: StepRun, slot: str) -> str:
         cap, run_nodes, rec, bindings = step.state.capture, step.run_nodes, step.rec, step.bindings
         backend = self.backend
-        env = self.env
+        arrays = self.arrays
         backend_graph = None
         baked = step.baked
         # id -> (array, host copy) a host read while recording may take as a constant: the
@@ -293,7 +293,7 @@ class CaptureRunner:
         # its arrays appear: at a segment's start (made earlier) and as each node makes them
         bakes = {id(arr): (arr, host) for arr, host in baked.values()}
         for vid in self.host_constants:
-            arr = env[vid]
+            arr = arrays[vid]
             copy = self._constant_copies.get(vid)
             if copy is None or copy[0] is not arr:
                 copy = self._constant_copies[vid] = (arr, backend.to_host(arr))
@@ -311,7 +311,7 @@ class CaptureRunner:
                     run_nodes(seg.nodes)
                     continue
                 inputs = external_inputs(self.plan, seg.nodes)
-                signature = binding_signature(env, inputs)
+                signature = binding_signature(arrays, inputs)
                 t0 = time.perf_counter()
                 known = set(bindings)
                 if copies is not None and derived:
@@ -320,7 +320,7 @@ class CaptureRunner:
                         self._abort(backend, None, cap)
                         return self._eager_instead(cap, run_nodes, rec, slot, bindings, "stale_bake", moved)
                 for vid in inputs:
-                    bake(vid, env[vid])
+                    bake(vid, arrays[vid])
                 graph = backend_graph = backend.begin_capture()
                 label = f"segment {seg.index}"
                 recorder = LaunchRecorder(backend, graph, bake if derived else None, cap.constant)
@@ -339,7 +339,7 @@ class CaptureRunner:
                             cap, run_nodes, rec, slot, bindings, "stale_bake",
                             f"{names} differed once launched from the warm-up step's value; "
                             "its readers stay seams in this slot")
-                outputs = {o: env[o] for k in seg.nodes for o in self.plan.nodes[k].outputs if o >= 0}
+                outputs = {o: arrays[o] for k in seg.nodes for o in self.plan.nodes[k].outputs if o >= 0}
                 buffers = [(k, j, o) for k in seg.nodes for j, o in enumerate(step.state.dispatch[k].outs)
                            if o is not None]
                 planned = step.state.storage.owner
@@ -384,7 +384,7 @@ class CaptureRunner:
     def _replay(self, step: StepRun, slot: str) -> str:
         state = step.state
         cap, run_nodes, rec, bindings = state.capture, step.run_nodes, step.rec, step.bindings
-        env = self.env
+        arrays = self.arrays
         replayed = []
         events: list = []  # the replay rows' fields, one segment after another (`StepTrace.replay_events`)
         node_log = rec.node_log() if rec is not None else None  # each segment's node rows, without a call
@@ -394,10 +394,10 @@ class CaptureRunner:
                 run_nodes(seg.nodes)
                 continue
             captured = cap.graphs[seg.index]
-            why = captured.mismatch(env, state.dispatch, self.graph, state.bound_positions, self.control_flow_outputs)
+            why = captured.mismatch(arrays, state.dispatch, self.graph, state.bound_positions, self.control_flow_outputs)
             if why is not None:
                 for installed in cap.graphs.values():  # (the later segments' feeds too: one retire for them all)
-                    cap.moved_feeds |= installed.moved(env, self.feed_ids)
+                    cap.moved_feeds |= installed.moved(arrays, self.feed_ids)
                 self._replayed_views(cap, replayed, step)
                 StepTrace.replay_events(rec, events)
                 return self._rest_eagerly(cap, pos, run_nodes, rec, slot, bindings, *why)
@@ -405,7 +405,7 @@ class CaptureRunner:
                 timer = clock() if clock is not None else self.backend.start_timer()
             t0 = time.perf_counter()
             try:
-                captured.replay(self.backend, env, bindings)
+                captured.replay(self.backend, arrays, bindings)
             except Exception as error:  # noqa: BLE001 - the launch failed: redo this and the rest eagerly
                 self._replayed_views(cap, replayed, step)
                 StepTrace.replay_events(rec, events)
@@ -527,9 +527,9 @@ class CaptureRunner:
         Inside captured segments every shape follows from their inputs' shapes, so the
         same input shapes give the same shape arithmetic as the warm-up step computed."""
         seen = cap.seen[1]
-        env = self.env
+        arrays = self.arrays
         for vid in inputs:
-            shape = getattr(env[vid], "shape", None)
+            shape = getattr(arrays[vid], "shape", None)
             if shape is not None and vid < len(seen) and seen[vid] is not None and shape != seen[vid]:
                 return (f"{self.graph.values[vid].name!r} has shape {tuple(shape)}, the warm-up step's was "
                         f"{tuple(seen[vid])}: the shape arithmetic recorded from it would be stale")
@@ -538,6 +538,6 @@ class CaptureRunner:
     def _stale_bakes(self, cap: SlotCapture, seg: Any) -> list[int]:
         """The shape-derived values segment `seg` computes whose launched value is not the
         host copy its recording baked (a backend whose recording computes nothing)."""
-        to_host, copies, env = self.backend.to_host, cap.derived_host, self.env
+        to_host, copies, arrays = self.backend.to_host, cap.derived_host, self.arrays
         made = [o for k in seg.nodes for o in self.plan.nodes[k].outputs if o in cap.derived]
-        return [vid for vid in made if not np.array_equal(to_host(env[vid]), copies[vid])]
+        return [vid for vid in made if not np.array_equal(to_host(arrays[vid]), copies[vid])]

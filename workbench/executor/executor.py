@@ -59,9 +59,11 @@ class Executor:
         #: skip an If whose predicate is unchanged (off for shadow re-execution)
         self.skip_unchanged_if = True
         self.shadow = Shadow(self.options.shadow if not fresh_arrays else "off", self.options.shadow_fraction)
-        self.env: list[Any] = [None] * len(graph.values)
+        #: the array each value id holds now (None: not made yet, or released); indexed
+        #: like `graph.values`, whose entries describe the values these arrays hold
+        self.arrays: list[Any] = [None] * len(graph.values)
         for vid, arr in graph.initializers.items():
-            self.env[vid] = backend.from_host(arr)
+            self.arrays[vid] = backend.from_host(arr)
         self.input_symbols = input_symbols(graph)
         self._binder = SymbolBinder(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
@@ -79,7 +81,7 @@ class Executor:
         self.addresses = KnownAddresses()
         #: every trace row the executor writes, and what they keep from step to step
         self.step_trace = StepTrace(self.plan, graph, self.addresses)
-        self.capture_runner = CaptureRunner(self.plan, graph, backend, self.options, self.env, self.input_symbols,
+        self.capture_runner = CaptureRunner(self.plan, graph, backend, self.options, self.arrays, self.input_symbols,
                                             self.step_trace)
         self._if_predicates: dict[int, bool] = {}
         #: the last step's prepared plan held as it was (`PreparedStep.steady`)
@@ -90,7 +92,7 @@ class Executor:
         #: the last run's scratch (`StepRun`); a new one every run
         self.step: StepRun | None = None
         #: prepares each step: the full resolve, or a decode-plan memo replay
-        self.preparer = StepPreparer(graph, self.plan, self.options, backend, self.env, self.memo_stats,
+        self.preparer = StepPreparer(graph, self.plan, self.options, backend, self.arrays, self.memo_stats,
                                      self._buffer, fresh_arrays=fresh_arrays,
                                      skippable_outputs=self._skippable_outputs,
                                      kernel_allocated=self.kernel_allocated, untrusted=self._untrusted)
@@ -137,29 +139,29 @@ class Executor:
             self.recording.buffer("alloc", vid, buf.nbytes, plan_index)
         return buf
 
-    def _release(self, owner: int, plan_index: int, env: list, released: dict[int, int]) -> None:
+    def _release(self, owner: int, plan_index: int, arrays: list, released: dict[int, int]) -> None:
         buf = self.state.buffers.pop(owner, None)
         if buf is not None:
             self._resident -= buf.nbytes
             if self.recording is not None:
                 self.recording.buffer("release", owner, buf.nbytes, plan_index)
         for vid in self.state.storage.sharers.get(owner, ()):
-            env[vid] = None
+            arrays[vid] = None
         released[owner] = plan_index
 
     # -- running --------------------------------------------------------------------
 
     def run(self, feeds: dict[int, Any], bound_outputs: dict[int, Any] | None = None,
             *, slot: str = "primary", phase: str = "") -> list[Any]:
-        """Run the plan on `feeds` (value id -> array); returns the value environment.
+        """Run the plan on `feeds` (value id -> array); returns the executor's `arrays`.
 
         `bound_outputs` (value id -> array) are written in place: the caller's arrays
         become those values' buffers for this run.
         """
         t_start = time.perf_counter()
-        env, bound, rec = self.env, bound_outputs or {}, self.recording
+        arrays, bound, rec = self.arrays, bound_outputs or {}, self.recording
         for vid, arr in feeds.items():
-            env[vid] = arr
+            arrays[vid] = arr
         self.addresses.next_step()
         if self.fresh_arrays:  # a Loop or Scan body: every run prepared afresh, all its nodes eager
             return self._run_fresh(bound)
@@ -176,9 +178,9 @@ class Executor:
         snapshot = self._shadow_snapshot(feeds, bound, prepared.action)
         capture_mode = self.capture_runner.run_step(step, prepared.steady, bound, slot)
         if bound:
-            self._fill_bound(env, bound)
+            self._fill_bound(arrays, bound)
         if prepared.action == "replayed" and self.options.decode_memo_verify:
-            self.preparer.verify_shapes(step.state, env)
+            self.preparer.verify_shapes(step.state, arrays)
         self.preparer.after_run(step.state, prepared.action, step)
         divergences = self._shadow_check(snapshot, step, prepared.action, slot)
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in step.reinstated)
@@ -190,7 +192,7 @@ class Executor:
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
             raise divergence_error(divergences)
-        return env
+        return arrays
 
     def _run_fresh(self, bound: dict[int, Any]) -> list[Any]:
         """A run on fresh arrays: prepared once (no shapes resolved, nothing
@@ -202,7 +204,7 @@ class Executor:
             self.state.signature = None
         step = self._new_step({}, "")
         self._run_nodes(step, range(len(step.state.dispatch)))
-        return self.env
+        return self.arrays
 
     def _new_step(self, bindings: dict[str, int], action: str) -> StepRun:
         """This run's scratch, with what the memo serves it: the nodes a validated view
@@ -216,7 +218,7 @@ class Executor:
             node_log, clock = [], self._host_clock  # (plan index, "eager", seconds) per eager node
         else:
             node_log, clock = None, None
-        step = self.step = StepRun(state, self.env, bindings, rec, node_log, clock, owners=state.storage.owner)
+        step = self.step = StepRun(state, self.arrays, bindings, rec, node_log, clock, owners=state.storage.owner)
         step.run_nodes = functools.partial(self._run_nodes, step)
         if action == "replayed":
             plan = state.view_plan
@@ -237,8 +239,8 @@ class Executor:
         trace.memo(rec, state, self.preparer.view_plan_state(state), phase, slot, prepared.action,
                    prepared.reason, resolve_s, len(step.reinstated), views_reused)
         restored = self.capture_runner.replay_restores(state.capture) if replayed else None
-        trace.liveness(rec, state, step.env, step.owners, step.released, step.pinned, restored)
-        trace.io_buffers(rec, feeds, bound, step.env)
+        trace.liveness(rec, state, step.arrays, step.owners, step.released, step.pinned, restored)
+        trace.io_buffers(rec, feeds, bound, step.arrays)
 
     # -- the node loop -----------------------------------------------------------------
 
@@ -249,7 +251,7 @@ class Executor:
         `recorder` (`capture.LaunchRecorder`) is told of each node: the one hook capture
         has here. Called once per eager stretch of a step: what the loop reads is
         fetched once, into locals."""
-        env, rec, node_log, clock = step.env, step.rec, step.node_log, step.clock
+        arrays, rec, node_log, clock = step.arrays, step.rec, step.node_log, step.clock
         dispatch = step.state.dispatch
         folded, elided = step.folded, step.elided
         # a bare call's node is timed by the host clock; the backend's timers (a device
@@ -258,7 +260,7 @@ class Executor:
         for k in indices:
             d = dispatch[k]
             if k in folded:
-                self.preparer.reinstate_shape_values(d.p, self.state.shape_fold, env, rec)
+                self.preparer.reinstate_shape_values(d.p, self.state.shape_fold, arrays, rec)
                 continue
             if k in elided and self.preparer.reinstate_views(d.p, self.state.view_plan, step):
                 step.reinstated.append(k)
@@ -268,7 +270,7 @@ class Executor:
                 self._dispatch_node(d, step, recorder)
                 continue
             fn, inputs_of, outs, outputs, alias = call
-            ins = inputs_of(env)
+            ins = inputs_of(arrays)
             try:
                 if node_log is None:
                     res = fn(ins, outs)
@@ -282,7 +284,7 @@ class Executor:
                 res = self._retry_unallocated(d.p, ins, outs, e)
             for j, vid in enumerate(outputs):
                 r = res[j]
-                env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step)
+                arrays[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step)
             if alias is not None and rec is not None:
                 rec.alias(*alias, k)
 
@@ -315,7 +317,7 @@ class Executor:
     def _shadow_check(self, snapshot: tuple | None, step: StepRun, action: str, slot: str) -> list:
         if snapshot is None:
             return []
-        env, rec = step.env, step.rec
+        arrays, rec = step.arrays, step.rec
         mechanisms = {k: "capture_replay" for k in step.replayed_nodes}
         mechanisms.update({k: "view_plan" for k in step.reinstated})
         mechanisms.update({k: "shape_fold" for k in step.folded})
@@ -326,8 +328,8 @@ class Executor:
         reference = self.shadow.reference(
             lambda options: Executor(self.graph, self.backend, options=options, cache=self.cache),
             self.options)
-        reference_env = reference.run(*snapshot, slot=slot)
-        found = self.shadow.compare(self, env, reference_env, mechanisms,
+        reference_arrays = reference.run(*snapshot, slot=slot)
+        found = self.shadow.compare(self, arrays, reference_arrays, mechanisms,
                                     "decode_memo" if action == "replayed" else "storage")
         if rec is not None:
             self.step_trace.shadow(rec, slot, found, sorted(set(mechanisms.values()) | (
@@ -340,10 +342,10 @@ class Executor:
         None: the backend's timers). While a segment is recorded, `recorder`
         (`capture.LaunchRecorder`) is told of the node once it has run."""
         p = d.p
-        env, bindings, rec, node_log, clock = step.env, step.bindings, step.rec, step.node_log, step.clock
-        ins = [env[i] if i >= 0 else None for i in p.inputs]
+        arrays, bindings, rec, node_log, clock = step.arrays, step.bindings, step.rec, step.node_log, step.clock
+        ins = [arrays[i] if i >= 0 else None for i in p.inputs]
         if d.skippable and not self.fresh_arrays and self.skip_unchanged_if \
-                and self._if_unchanged(p, ins[0], env):
+                and self._if_unchanged(p, ins[0], arrays):
             step.skipped_ifs.append(p.index)
             if rec is not None:
                 rec.node(p.index, "elided", 0.0)
@@ -384,13 +386,13 @@ class Executor:
             if vid < 0:
                 continue
             r = res[j]
-            env[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step, outs)
+            arrays[vid] = r if r is outs[j] else self._store_output(d, j, vid, r, ins, step, outs)
         if recorder is not None:
-            recorder.dispatched(d, ins, outs, env, step.owners)
+            recorder.dispatched(d, ins, outs, arrays, step.owners)
         if rec is not None and d.alias is not None:
             rec.alias(*d.alias, p.index)
         for owner in d.release:
-            self._release(owner, p.index, env, step.released)
+            self._release(owner, p.index, arrays, step.released)
 
     def _store_output(self, d: Dispatch, j: int, vid: int, r: Any, ins: Any, step: StepRun,
                       outs: list | None = None) -> Any:
@@ -439,7 +441,7 @@ class Executor:
             state.signature = object()
             state.replan = state.replan or why
 
-    def _if_unchanged(self, p: PlanNode, predicate: Any, env: list) -> bool:
+    def _if_unchanged(self, p: PlanNode, predicate: Any, arrays: list) -> bool:
         """An If whose predicate is as last step and whose outputs are still resident
         need not re-run its branch (e.g. LongRoPE's cache selector during decode).
         Only for branches that read nothing from the enclosing graph: then the
@@ -447,7 +449,7 @@ class Executor:
         value = bool(host_read(predicate).reshape(-1)[0])
         same = self._if_predicates.get(p.index) == value
         self._if_predicates[p.index] = value
-        return same and all(env[o] is not None for o in p.outputs if o >= 0)
+        return same and all(arrays[o] is not None for o in p.outputs if o >= 0)
 
     def _take_view(self, p: PlanNode, vid: int, r: Any, source: Any, step: StepRun) -> Any:
         """A layout op's result: a zero-copy view of its input's owner, or a materialised copy."""
@@ -462,7 +464,7 @@ class Executor:
                     rec.buffer("pin", owner, 0, p.index)
             base = step.owner_address.get(owner)
             if base is None:
-                base = step.owner_address[owner] = address(self.env[owner])
+                base = step.owner_address[owner] = address(self.arrays[owner])
             itemsize = r.itemsize or 1
             geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
             step.observed[vid] = (r, owner, *geometry)
@@ -482,7 +484,7 @@ class Executor:
         later step writes into it: on a host backend it is handed over (dropped from the
         slot's buffers and its node's output position), which saves a copy per output per
         step and hands the caller the array the next step's past will be."""
-        value = self.env[vid]
+        value = self.arrays[vid]
         where = self.state.handover.get(vid)  # (plan index, output position)
         if where is not None and self.backend.buffers_are_host and self.state.buffers.get(vid) is value:
             k, j = where
@@ -500,16 +502,16 @@ class Executor:
         run writes into its own buffers; no graph reads an If's outputs after the If ran
         again as things stand (a Loop body's If keeps fresh arrays), and the copy keeps
         it so should one."""
-        value = self.env[vid]
+        value = self.arrays[vid]
         if value is None or not hasattr(value, "shape"):
             return value
         if vid in self.state.handover and self.backend.buffers_are_host:
             return self.output_for_caller(vid)
         return value.copy()
 
-    def _fill_bound(self, env: list, bound: dict[int, Any]) -> None:
+    def _fill_bound(self, arrays: list, bound: dict[int, Any]) -> None:
         for vid, arr in bound.items():
-            value = env[vid]
+            value = arrays[vid]
             if value is arr:
                 continue
             if getattr(value, "shape", None) != arr.shape:
@@ -518,7 +520,7 @@ class Executor:
                     f"model produced {tuple(getattr(value, 'shape', ()))}"
                 )
             arr[...] = value
-            env[vid] = arr
+            arrays[vid] = arr
 
     def _retry_unallocated(self, p: PlanNode, ins: list, outs: list, error: Exception) -> Any:
         """A kernel failed: if we had preallocated, shape inference may be wrong; retry once."""
@@ -601,8 +603,8 @@ class Executor:
                                                fresh_arrays=True), False
                 else:
                     return [child.branch_output(o) for o in outputs]
-            env = child.run(feeds)
-            return [env[o] for o in outputs]
+            arrays = child.run(feeds)
+            return [arrays[o] for o in outputs]
 
         run.executor = child  # type: ignore[attr-defined]
         return run

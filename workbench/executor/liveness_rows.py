@@ -90,7 +90,7 @@ class LivenessRows:
         self.nbytes: array.array | None = None  # the holding values' nbytes at the last step
         self.built_nbytes: array.array | None = None  # ... and when `rows` were built
         self.patch: tuple | None = None  # the last step's (holding, nbytes) patch of `rows`
-        #: the watched values' arrays when `nbytes` was read (they are in the env too)
+        #: the watched values' arrays when `nbytes` was read (the executor's arrays hold them too)
         self.objects: tuple | None = None
         self._moving_vids: list[int] = []  # the values at `moving_at`
         #: (getter of the arrays, their positions in `holding`) of the values a step
@@ -106,7 +106,7 @@ class LivenessRows:
         self._sparse: tuple | None = None
         self._nbytes_stale = False  # `nbytes` lags the sparse sizes (`_full_nbytes`)
 
-    def emit(self, rec: Any, env: list, owners: dict[int, int], buffers: dict[int, Any],
+    def emit(self, rec: Any, arrays: list, owners: dict[int, int], buffers: dict[int, Any],
              released: dict[int, int], pinned: set[int], replayed: frozenset | None = None) -> None:
         """This step's rows into `rec`. `replayed`: where the step replayed captured
         graphs, the values whose arrays every replay of those graphs restores as the
@@ -118,12 +118,12 @@ class LivenessRows:
             if replayed is not None and replayed is self._replayed and self._watch_replay is not None \
                     and self._watching is self._watch_replay:
                 try:
-                    patch = self._replay_patch(env)
+                    patch = self._replay_patch(arrays)
                     rows = self.rows
                 except AttributeError:  # an absent value or a sequence: rebuilt below
                     pass
             else:
-                nbytes = self.nbytes_now(env, replayed)
+                nbytes = self.nbytes_now(arrays, replayed)
                 if nbytes is not None:
                     rows = self.rows
                     if nbytes is self.nbytes or nbytes == self.nbytes:
@@ -132,11 +132,11 @@ class LivenessRows:
                         patch = (self.holding, nbytes)
                     self.nbytes, self.patch = nbytes, patch
         if rows is None:
-            rows = self.rows = self._build(env, owners, buffers, released, pinned)
+            rows = self.rows = self._build(arrays, owners, buffers, released, pinned)
             self.view_owners = self._view_owners(owners)
             self._plan_owners = owners if owners is self.storage.owner else None
             self.pinned, self.released = set(pinned), dict(released)
-            self._set_holding(tuple(i for i, r in enumerate(rows) if r[1] in _OWNS), env)
+            self._set_holding(tuple(i for i, r in enumerate(rows) if r[1] in _OWNS), arrays)
         rec.liveness(rows, patch)
 
     def _same_view_owners(self, owners: dict[int, int]) -> bool:
@@ -154,7 +154,7 @@ class LivenessRows:
         except KeyError:  # a view value without an owner entry (views off): one by one
             return tuple(map(owners.get, self.view_vids))
 
-    def _build(self, env: list, owners: dict[int, int], buffers: dict[int, Any],
+    def _build(self, arrays: list, owners: dict[int, int], buffers: dict[int, Any],
                released: dict[int, int], pinned: set[int]) -> tuple:
         rows = []
         append = rows.append
@@ -164,7 +164,7 @@ class LivenessRows:
                 kind, owns = OWNER, True  # the layout op had to copy
             nbytes = 0
             if owns:
-                value = env[vid]
+                value = arrays[vid]
                 if value is None:
                     value = buffers.get(vid)
                 nbytes = getattr(value, "nbytes", 0)
@@ -172,7 +172,7 @@ class LivenessRows:
                     released.get(owner, -1) if released else -1))
         return tuple(rows)
 
-    def _set_holding(self, positions: tuple[int, ...], env: list) -> None:
+    def _set_holding(self, positions: tuple[int, ...], arrays: list) -> None:
         self.holding = positions
         vids = [self.static[i][0] for i in positions]
         self.moving_at = tuple(i for i, vid in enumerate(vids) if vid not in self.fixed_vids)
@@ -181,13 +181,13 @@ class LivenessRows:
         self._watch_replay = self._watching = self._replayed = self._sparse = None
         self._nbytes_stale = False
         try:
-            self.nbytes = self.built_nbytes = _sizes(map(_NBYTES, items_at(vids)(env)))
+            self.nbytes = self.built_nbytes = _sizes(map(_NBYTES, items_at(vids)(arrays)))
         except AttributeError:  # an absent value or a sequence: rows are rebuilt every step
             self.nbytes = self.built_nbytes = None
         self.objects = None
         self.patch = None
 
-    def nbytes_now(self, env: list, replayed: frozenset | None = None) -> array.array | None:
+    def nbytes_now(self, arrays: list, replayed: frozenset | None = None) -> array.array | None:
         """nbytes of every holding value now (the very array of the last step where no
         compared value changed, `_watch_for`); None when one has none (an absent value,
         whose row falls back to its buffer, or a sequence): then rows are rebuilt."""
@@ -195,7 +195,7 @@ class LivenessRows:
             self._full_nbytes()
         watch = self._watch_for(replayed)
         get, moving_at = watch
-        objects = get(env)
+        objects = get(arrays)
         last = self.objects if self._watching is watch else None
         nbytes = self.nbytes
         try:
@@ -210,7 +210,7 @@ class LivenessRows:
         self.objects, self._watching = objects, watch
         return nbytes
 
-    def _replay_patch(self, env: list) -> tuple | None:
+    def _replay_patch(self, arrays: list) -> tuple | None:
         """The patch of a step that replays the same graphs as the last, which replayed
         them too: only the values those graphs do not restore are compared, and the
         patch names only them (`_enter_sparse` rebased the rows on every other size),
@@ -220,7 +220,7 @@ class LivenessRows:
         if sparse is None or sparse[0] is not self._watch_replay:
             sparse = self._enter_sparse()
         watch, positions, sizes = sparse
-        objects = watch[0](env)
+        objects = watch[0](arrays)
         now = _with_changes(sizes, objects, self.objects, range(len(objects)))
         self.objects = objects
         if now is not sizes:

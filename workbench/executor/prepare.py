@@ -124,10 +124,10 @@ class StepPreparer:
     inconsistent), read at each full preparation.
     """
 
-    def __init__(self, graph: Graph, plan: Plan, options: SessionOptions, backend: Any, env: list,
+    def __init__(self, graph: Graph, plan: Plan, options: SessionOptions, backend: Any, arrays: list,
                  stats: MemoStats, buffer: Callable[..., Any], *, fresh_arrays: bool,
                  skippable_outputs: set[int], kernel_allocated: set[int], untrusted: set[str]) -> None:
-        self.graph, self.plan, self.options, self.backend, self.env = graph, plan, options, backend, env
+        self.graph, self.plan, self.options, self.backend, self.arrays = graph, plan, options, backend, arrays
         self.stats, self.buffer = stats, buffer
         self.fresh_arrays = fresh_arrays
         self.skippable_outputs, self.kernel_allocated, self.untrusted = skippable_outputs, kernel_allocated, untrusted
@@ -303,14 +303,14 @@ class StepPreparer:
         self._shape_fold_after_run(state, action)
         self.stats.shape_folded += len(step.folded)
 
-    def verify_shapes(self, state: SlotState, env: list) -> None:
+    def verify_shapes(self, state: SlotState, arrays: list) -> None:
         """Verify mode: every shape the replay served must be the shape the kernels
         actually produced this step (an independent witness, unlike a second resolve)."""
         values = self.graph.values
         for p in self.plan.nodes:
             for vid in p.outputs:
                 served = state.shapes.get(vid) if vid >= 0 else None
-                got = getattr(env[vid], "shape", None) if served is not None else None
+                got = getattr(arrays[vid], "shape", None) if served is not None else None
                 if got is not None and tuple(got) != served:
                     raise MemoVerifyError(
                         f"decode-plan memo replayed shape {served} for value {values[vid].name!r} "
@@ -324,17 +324,17 @@ class StepPreparer:
         plan = state.view_plan
         if plan is None or not plan.validated:
             return None
-        buffers, env = state.buffers, self.env
+        buffers, arrays = state.buffers, self.arrays
         held = plan.held_sources
         if held is not None:
             try:
-                if held[0](buffers) and held[1](env):
+                if held[0](buffers) and held[1](arrays):
                     state.stage2_streak = 0
                     return None
             except KeyError:  # a source buffer was dropped: look at each
                 pass
         for owner, (addr, cap) in plan.sources.items():
-            buf = buffers.get(owner, env[owner] if owner in self.graph.initializers else None)
+            buf = buffers.get(owner, arrays[owner] if owner in self.graph.initializers else None)
             if buf is None or address(buf) != addr or buf.nbytes != cap:
                 state.stage2_streak += 1
                 self.stats.stage2_mismatches += 1
@@ -344,10 +344,10 @@ class StepPreparer:
                 return f"view plan source {name!r} moved or resized"
         state.stage2_streak = 0
         # the very arrays just found in place (held, they cannot move or resize): the
-        # slot's buffers, and the environment's entries of initializer sources
+        # slot's buffers, and the executor's arrays of initializer sources
         owned = [owner for owner in plan.sources if owner in buffers]
         constant = [owner for owner in plan.sources if owner not in buffers]
-        plan.held_sources = (holds_now(buffers, owned), holds_now(env, constant))
+        plan.held_sources = (holds_now(buffers, owned), holds_now(arrays, constant))
         return None
 
     def view_plan_state(self, state: SlotState) -> str:
@@ -359,16 +359,16 @@ class StepPreparer:
     def reinstate_views(self, p: PlanNode, plan: ViewPlan, step: Any) -> bool:
         """Stage 2: the node's views are as they were; put them back without dispatching.
         False (nothing reinstated) when a runtime parameter of the node changed."""
-        env, rec, pinned, state = step.env, step.rec, step.pinned, step.state
+        arrays, rec, pinned, state = step.arrays, step.rec, step.pinned, step.state
         same = plan.same_source.get(p.index)
-        if same is None or not same(env):
+        if same is None or not same(arrays):
             if self.param_keys(state, p.index) != plan.params[p.index]:
                 step.view_plan_stale = True
                 return False
-            self._note_same_source(state, plan, p.index, env)
+            self._note_same_source(state, plan, p.index, arrays)
         verify = self.options.decode_memo_verify
         if verify:
-            fresh = p.fn([env[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
+            fresh = p.fn([arrays[i] if i >= 0 else None for i in p.inputs], [None] * len(p.outputs))
         views = plan.views
         for j, vid in enumerate(p.outputs):
             if vid < 0:
@@ -378,7 +378,7 @@ class StepPreparer:
                     is_view_of(fresh[j], view) and address(fresh[j]) == address(view)
                     and fresh[j].shape == view.shape and fresh[j].strides == view.strides):
                 raise MemoVerifyError(f"cached view plan reinstated a stale view for {p.node.label}")
-            env[vid] = view
+            arrays[vid] = view
             step.set_owner(vid, owner)
             step.observed[vid] = views[vid]  # a segment recorded now replays this view too
             if owner not in pinned:
@@ -413,7 +413,7 @@ class StepPreparer:
                 plan.validated = True
                 plan.same_source = {}
                 for k in plan.params:
-                    self._note_same_source(state, plan, k, self.env)
+                    self._note_same_source(state, plan, k, self.arrays)
             else:
                 state.view_plan = None
 
@@ -438,7 +438,7 @@ class StepPreparer:
                 if v >= 0:
                     views[v] = observed[v]
                     owner = observed[v][1]
-                    buf = buffers.get(owner, self.env[owner])
+                    buf = buffers.get(owner, self.arrays[owner])
                     sources[owner] = (address(buf), buf.nbytes)
         return ViewPlan(frozenset(nodes), views, sources, params) if nodes else None
 
@@ -447,20 +447,20 @@ class StepPreparer:
         its source (a view produced this step may sit elsewhere, e.g. after a Slice
         whose start moved) and the values of its runtime parameter inputs (every
         input after the source that is not an initializer)."""
-        env = self.env
+        arrays = self.arrays
         params = self._view_params.get(k)
         if params is None:  # the plan's inputs of node k: fixed for the executor's life
             inputs = self.plan.nodes[k].inputs
             params = self._view_params[k] = (inputs[0], tuple(
                 vid for vid in inputs[1:] if vid >= 0 and vid not in self.graph.initializers))
         first, runtime = params
-        source = env[first]
+        source = arrays[first]
         keys = [(first, None) if source is None else
                 (first, address(source), source.shape, source.strides)]
         on_host = self.backend.buffers_are_host
         fold = state.shape_fold
         for vid in runtime:
-            value = env[vid]
+            value = arrays[vid]
             if value is None:
                 keys.append((vid, None))
                 continue
@@ -473,17 +473,17 @@ class StepPreparer:
             keys.append((vid, host.shape, host.dtype.str, host.tobytes()))
         return tuple(keys)
 
-    def _note_same_source(self, state: SlotState, plan: ViewPlan, k: int, env: list) -> None:
+    def _note_same_source(self, state: SlotState, plan: ViewPlan, k: int, arrays: list) -> None:
         """Keep node k's source and runtime parameters by identity (`ViewPlan.same_source`)
         when every parameter is a validated shape-fold value (or there is none)."""
         first, runtime = self._view_params[k]
-        if env[first] is None:
+        if arrays[first] is None:
             return
         fold = state.shape_fold
         if runtime and (fold is None or not fold.validated
-                        or any(env[v] is None or env[v] is not fold.values.get(v) for v in runtime)):
+                        or any(arrays[v] is None or arrays[v] is not fold.values.get(v) for v in runtime)):
             return
-        plan.same_source[k] = holds_now(env, (first,) + runtime)
+        plan.same_source[k] = holds_now(arrays, (first,) + runtime)
 
     # -- the shape fold ------------------------------------------------------------------
 
@@ -491,20 +491,20 @@ class StepPreparer:
         """After a rebuild, keep the shape arithmetic `shape_fold_nodes` finds (private
         copies of its values); on the next replay, compare it with what the kernels
         computed, and trust it only if every value matched."""
-        env = self.env
+        arrays = self.arrays
         if action == "rebuilt" and self.options.graph_optimization_level in ("extended", "all"):
             nodes = shape_fold_nodes(self.plan, state.shapes, state.memo.invariant, self.graph.initializers)
             outputs = [o for k in nodes for o in self.plan.nodes[k].outputs if o >= 0]
-            if nodes and all(env[o] is not None for o in outputs):
+            if nodes and all(arrays[o] is not None for o in outputs):
                 to_host, from_host = self.backend.to_host, self.backend.from_host
-                host = {o: to_host(env[o]) for o in outputs}
+                host = {o: to_host(arrays[o]) for o in outputs}
                 state.shape_fold = ShapeFold(nodes, {o: from_host(h) for o, h in host.items()}, host=host)
             else:
                 state.shape_fold = None
         elif action == "replayed" and state.shape_fold is not None and not state.shape_fold.validated:
             fold = state.shape_fold
             to_host = self.backend.to_host
-            fold.validated = all(env[o] is not None and np.array_equal(to_host(env[o]), to_host(v))
+            fold.validated = all(arrays[o] is not None and np.array_equal(to_host(arrays[o]), to_host(v))
                                  for o, v in fold.values.items())
             if not fold.validated:
                 state.shape_fold = None
@@ -529,11 +529,11 @@ class StepPreparer:
         return {vid: (arr, fold.host[vid]) for vid, arr in fold.values.items()}
 
     @staticmethod
-    def reinstate_shape_values(p: PlanNode, fold: ShapeFold, env: list, rec: Any) -> None:
+    def reinstate_shape_values(p: PlanNode, fold: ShapeFold, arrays: list, rec: Any) -> None:
         """A folded node's values put back (no kernel runs)."""
         for o in p.outputs:
             if o >= 0:
-                env[o] = fold.values[o]
+                arrays[o] = fold.values[o]
         if rec is not None:
             rec.node(p.index, "elided", 0.0)
 

@@ -67,7 +67,7 @@ class Shadow:
             self._reference.skip_unchanged_if = False
         return self._reference
 
-    def compare(self, executor: Any, env: list, reference_env: list, mechanisms: dict[int, str],
+    def compare(self, executor: Any, arrays: list, reference_arrays: list, mechanisms: dict[int, str],
                 default_mechanism: str) -> list[Divergence]:
         """Every intact node output of the served step against the reference's."""
         self.checked += 1
@@ -78,7 +78,7 @@ class Shadow:
             for vid in p.outputs:
                 if vid < 0 or vid not in intact:
                     continue
-                got, want = env[vid], reference_env[vid]
+                got, want = arrays[vid], reference_arrays[vid]
                 if got is None or want is None or not hasattr(want, "shape"):
                     continue
                 err = difference(executor.backend, got, want)

@@ -24,7 +24,7 @@ class StepRun:
     #: the slot this run is in (its prepared plan, buffers, memo and captured graphs)
     state: SlotState
     #: the value table (the executor's, for its whole life), filled as nodes run
-    env: list
+    arrays: list
     #: symbol values; the symbols nodes sized just in time reveal join them during the run
     bindings: dict[str, int]
     #: the Recording this run writes into, or None (tracing off)

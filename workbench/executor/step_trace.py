@@ -72,7 +72,7 @@ class StepTrace:
             slot, phase, action, reason, *summary[2], resolve_s * 1e3,
             stage2, views_reused, elided, state.stage2_streak))
 
-    def liveness(self, rec: Any, state: Any, env: list, owners: dict[int, int], released: dict[int, int],
+    def liveness(self, rec: Any, state: Any, arrays: list, owners: dict[int, int], released: dict[int, int],
                  pinned: set[int], replayed: frozenset | None) -> None:
         """One row per value of the slot's storage plan (see `liveness_rows`); `replayed`:
         the values a replay of the installed graphs restored (None: not a replay)."""
@@ -80,9 +80,9 @@ class StepTrace:
         rows = self.liveness_rows.get(state.name)
         if rows is None or rows.storage is not sp:
             rows = self.liveness_rows[state.name] = LivenessRows(sp, self._view_vids, self._fixed_vids)
-        rows.emit(rec, env, owners, state.buffers, released, pinned, replayed)
+        rows.emit(rec, arrays, owners, state.buffers, released, pinned, replayed)
 
-    def io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], env: list) -> None:
+    def io_buffers(self, rec: Any, feeds: dict[int, Any], bound: dict[int, Any], arrays: list) -> None:
         """Where this step's caller-facing arrays live: every feed, bound output and graph
         output, with the buffer underneath (a KV past may be a view of a bigger cache),
         so reports can tell a cache that moved or was copied from one grown in place."""
@@ -93,8 +93,8 @@ class StepTrace:
         layout = self._io_layouts.get((tuple(feeds), key))
         if layout is None:
             layout = self._io_layouts[(tuple(feeds), key)] = io_layout(feeds, bound, outputs)
-        arrays = (*feeds.values(), *bound.values(), *map(env.__getitem__, outputs))
-        rec.add_rows("io_buffers", IO_BUFFERS_COLUMNS, self.io_rows.block(layout, arrays, self.addresses))
+        facing = (*feeds.values(), *bound.values(), *map(arrays.__getitem__, outputs))
+        rec.add_rows("io_buffers", IO_BUFFERS_COLUMNS, self.io_rows.block(layout, facing, self.addresses))
 
     def branch(self, rec: Any, slot: str, graph: Any, fields: tuple) -> None:
         """A `branch_capture` row for the If branch `graph` just run: what its captured

@@ -166,7 +166,7 @@ class InferenceSession:
 
     def _output(self, vid: int) -> Any:
         """What the caller gets for graph output `vid`: nothing the next run overwrites."""
-        value = self.executor.env[vid]
+        value = self.executor.arrays[vid]
         if value is None or isinstance(value, list):
             return self._to_caller(value)
         return self.executor.output_for_caller(vid)
