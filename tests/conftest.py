@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.backend import cuda_module
+
 # every decode-plan memo replay in the suite is checked against a full resolve
 os.environ.setdefault("WORKBENCH_DECODE_MEMO_VERIFY", "1")
 
@@ -50,11 +52,14 @@ def cuda_on_double() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _cuda_backend_selection(request, monkeypatch):
+def _cuda_backend_selection(request):
     """cuda-marked tests run on a real GPU when there is one, else on the device-discipline
     double (so the plain `pytest -q` runs them on any machine); every other test sees no
     double (backend="cuda" without a GPU stays a BackendUnavailableError there)."""
-    if request.node.get_closest_marker("cuda") is not None and cuda_on_double():
-        monkeypatch.setenv("WORKBENCH_CUDA_DOUBLE", "1")
-    else:
-        monkeypatch.delenv("WORKBENCH_CUDA_DOUBLE", raising=False)
+    if request.node.get_closest_marker("cuda") is None or not cuda_on_double():
+        yield
+        return
+    import cuda_double
+
+    with cuda_module(cuda_double):
+        yield

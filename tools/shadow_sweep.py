@@ -16,8 +16,8 @@ pairwise subset of these combinations; this runs all 64.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +28,7 @@ from builtin_models import BUILT_IN, PROMPT  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench import Generator, MechanismDivergenceError, SessionOptions, WorkbenchError  # noqa: E402
-from workbench.backend import CUDA_DOUBLE_ENV  # noqa: E402
+from workbench.backend import cuda_module  # noqa: E402
 
 SWITCHES = ("capture", "decode_memo", "view_plan", "views", "compute_in_place", "release_dead_values")
 REPEATING = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # prompt lookup finds drafts here
@@ -42,15 +42,18 @@ def decode(model, options, tokens, kv, speculative, backend="cpu"):
     return result.tokens, session
 
 
-def _use_double_without_gpu() -> None:
+def _cuda_array_module() -> contextlib.AbstractContextManager:
+    """CuPy where a GPU is, else the device-discipline double."""
     try:
         import cupy
 
         if cupy.cuda.is_available():
-            return
+            return contextlib.nullcontext()
     except Exception:  # noqa: BLE001 - no CuPy, or no driver
         pass
-    os.environ.setdefault(CUDA_DOUBLE_ENV, "1")
+    import cuda_double
+
+    return cuda_module(cuda_double)
 
 
 def main() -> int:
@@ -59,8 +62,11 @@ def main() -> int:
     parser.add_argument("--backend", choices=("cpu", "cuda", "both"), default="both")
     args = parser.parse_args()
     backends = ("cpu", "cuda") if args.backend == "both" else (args.backend,)
-    if "cuda" in backends:
-        _use_double_without_gpu()
+    with _cuda_array_module() if "cuda" in backends else contextlib.nullcontext():
+        return _sweep(backends, args.tokens)
+
+
+def _sweep(backends: tuple[str, ...], n_tokens: int) -> int:
     failures = checked_steps = runs = 0
     t0 = time.perf_counter()
     for backend, (name, build) in itertools.product(backends, BUILT_IN.items()):
@@ -69,14 +75,14 @@ def main() -> int:
         for kv, speculative in itertools.product(("growing", "fixed"), (0, 3)):
             eager = SessionOptions(capture=False, decode_memo=False, views=False, compute_in_place=False,
                                    view_plan=False, decode_memo_verify=False)
-            reference, _ = decode(model, eager, args.tokens, kv, speculative)  # the CPU backend, all eager
+            reference, _ = decode(model, eager, n_tokens, kv, speculative)  # the CPU backend, all eager
             for values in itertools.product((False, True), repeat=len(SWITCHES)):
                 combo = dict(zip(SWITCHES, values))
                 options = SessionOptions(shadow="raise", decode_memo_verify=False, **combo)
                 runs += 1
                 where = f"{backend} {name} kv={kv} speculative={speculative} {combo}"
                 try:
-                    tokens, session = decode(model, options, args.tokens, kv, speculative, backend)
+                    tokens, session = decode(model, options, n_tokens, kv, speculative, backend)
                 except MechanismDivergenceError as error:
                     print(f"DIVERGENCE {where}: {error}")
                     model_failures += 1

@@ -3,7 +3,7 @@ kernels it found wrong (Shape, Loop, Scan, string casts, bfloat16 initializers),
 each against onnx.reference over runs at stable device addresses.
 
 Marked `cuda`: on a GPU machine the kernel tests run on CuPy; the rule tests need the
-double itself and skip there unless WORKBENCH_CUDA_DOUBLE=1 selects it.
+double itself and skip there unless WORKBENCH_CUDA_DOUBLE=1 asks for it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -26,11 +27,10 @@ pytestmark = pytest.mark.cuda
 
 
 def _double():
-    if os.environ.get("WORKBENCH_CUDA_DOUBLE") != "1":
+    xp = get_backend("cuda").xp  # what the suite runs backend="cuda" on in this test
+    if not getattr(xp, "__workbench_device_double__", False):
         pytest.skip("a real GPU runs the cuda tests: the double's own rules are not in use")
-    import cuda_double
-
-    return cuda_double
+    return xp
 
 
 @pytest.fixture
@@ -145,8 +145,10 @@ def test_allocations_while_capturing_must_come_from_a_private_pool(cp):
             stream.end_capture()
 
 
-def test_the_double_is_chosen_only_by_its_switch(monkeypatch):
-    monkeypatch.delenv("WORKBENCH_CUDA_DOUBLE", raising=False)
+def test_the_package_runs_cuda_on_the_double_only_inside_cuda_module():
+    """The switch is the suite's, not the package's: with WORKBENCH_CUDA_DOUBLE=1 set and the
+    double importable, a plain `backend="cuda"` still means CuPy (refused without a GPU);
+    only `cuda_module(double)` runs it on the double, and only inside the block."""
     try:
         import cupy
 
@@ -154,17 +156,20 @@ def test_the_double_is_chosen_only_by_its_switch(monkeypatch):
             pytest.skip("a GPU is present")
     except Exception:  # noqa: BLE001
         pass
-    with pytest.raises(workbench.BackendUnavailableError):
-        get_backend("cuda")
     code = ("import sys, os; os.environ['WORKBENCH_CUDA_DOUBLE']='1'; import workbench; "
-            "from workbench.backend import get_backend\n"
-            "try:\n get_backend('cuda'); print('selected')\n"
-            "except workbench.BackendUnavailableError as e: print('refused', e)\n"
-            "print('cupy' in sys.modules, 'cuda_double' in sys.modules)")
+            "from workbench.backend import get_backend, cuda_module\n"
+            "print('imported', 'cupy' in sys.modules, 'cuda_double' in sys.modules)\n"
+            "def pick():\n"
+            " try:\n  return get_backend('cuda').xp.__name__\n"
+            " except workbench.BackendUnavailableError:\n  return 'refused'\n"
+            "print('plain', pick())\n"
+            "import cuda_double\n"
+            "with cuda_module(cuda_double):\n print('inside', pick())\n"
+            "print('after', pick())")
+    tests = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}).stdout
-    assert "refused" in out and "tests/ folder" in out, out  # not importable from a user's path
-    assert out.strip().endswith("False False"), out  # `import workbench` imports neither
+                         env={**os.environ, "PYTHONPATH": tests}).stdout.split("\n")
+    assert out[:4] == ["imported False False", "plain refused", "inside cuda_double", "after refused"], out
 
 
 # -- kernels the double found wrong, against onnx.reference ----------------------------------

@@ -27,7 +27,7 @@ import onnx
 import onnxruntime as ort
 
 import workbench
-from workbench.backend import CUDA_DOUBLE_ENV
+from workbench.backend import cuda_module
 
 from .programs import SWITCHES, Program, build_model, without_op, without_output
 
@@ -113,20 +113,15 @@ def workbench_session(case: Case) -> workbench.InferenceSession:
         return workbench.InferenceSession(case.model.SerializeToString(), options=opts, backend=backend)
 
 
-@contextlib.contextmanager
-def _cuda_double():
+def _cuda_double() -> contextlib.AbstractContextManager:
     """backend="cuda" on the device-discipline double (tests/cuda_double, importable
     from the tests folder), unless the run says WORKBENCH_CUDA_DOUBLE=0: then on CuPy
     and a real GPU (tools/gpu_check.sh)."""
-    before = os.environ.get(CUDA_DOUBLE_ENV)
-    os.environ[CUDA_DOUBLE_ENV] = "0" if before == "0" else "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[CUDA_DOUBLE_ENV]
-        else:
-            os.environ[CUDA_DOUBLE_ENV] = before
+    if os.environ.get("WORKBENCH_CUDA_DOUBLE") == "0":
+        return contextlib.nullcontext()
+    import cuda_double  # noqa: PLC0415 - only for cuda cases
+
+    return cuda_module(cuda_double)
 
 
 def _declared_shapes(model: onnx.ModelProto) -> dict[str, list]:

@@ -1,23 +1,36 @@
 """Backends: numpy on the CPU; CuPy on CUDA (selected with backend="cuda").
 
-`WORKBENCH_CUDA_DOUBLE=1` makes backend="cuda" run on the device-discipline double
-(`tests/cuda_double`, a numpy stand-in for CuPy that enforces CuPy's host/device
-and stream-capture rules) instead of CuPy. The double is not part of the installed
-package: it is importable only where the repository's `tests/` folder is on the
-path (pytest's conftest), so a user's `backend="cuda"` always means a real GPU.
+Inside `with cuda_module(module):` backend="cuda" runs on `module`, a CuPy-compatible
+array module, instead of CuPy. The test suite passes its device-discipline double
+(`tests/cuda_double`, a numpy stand-in for CuPy that enforces CuPy's host/device and
+stream-capture rules) this way; the package itself never looks for the double, so a
+user's `backend="cuda"` always means CuPy on a real GPU.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import BackendUnavailableError
 from .base import Backend
 from .cpu import CpuBackend
 
-#: the environment switch selecting the test double for backend="cuda"
-CUDA_DOUBLE_ENV = "WORKBENCH_CUDA_DOUBLE"
+#: the array module backend="cuda" runs on instead of CuPy (None: CuPy); see `cuda_module`
+_cuda_module: Any = None
+
+
+@contextlib.contextmanager
+def cuda_module(module: Any) -> Iterator[None]:
+    """Within the block, backend="cuda" runs on `module` (CuPy's API) instead of CuPy.
+    Sessions made inside keep their backend after the block."""
+    global _cuda_module
+    before, _cuda_module = _cuda_module, module
+    try:
+        yield
+    finally:
+        _cuda_module = before
 
 
 def get_backend(name: str) -> Backend:
@@ -29,8 +42,10 @@ def get_backend(name: str) -> Backend:
 
 
 def _cuda_backend() -> Backend:
-    if os.environ.get(CUDA_DOUBLE_ENV, "") == "1":
-        return _double_backend()
+    from .cuda import CudaBackend  # noqa: PLC0415 - only where cuda is asked for
+
+    if _cuda_module is not None:
+        return CudaBackend(_cuda_module)
     try:
         import cupy  # noqa: PLC0415 - optional dependency
     except ImportError:
@@ -45,25 +60,7 @@ def _cuda_backend() -> Backend:
         available = False
     if not available:
         raise BackendUnavailableError("backend='cuda' was requested but CuPy finds no usable CUDA GPU")
-    from .cuda import CudaBackend  # noqa: PLC0415
-
     return CudaBackend(cupy)
 
 
-def _double_backend() -> Backend:
-    try:
-        double = importlib.import_module("cuda_double")
-    except ImportError:
-        raise BackendUnavailableError(
-            f"{CUDA_DOUBLE_ENV}=1 selects the device-discipline test double, which lives in the "
-            "repository's tests/ folder and is importable only under its pytest run; unset "
-            f"{CUDA_DOUBLE_ENV} to use CuPy on a GPU") from None
-    if not getattr(double, "__workbench_device_double__", False):
-        raise BackendUnavailableError(f"{CUDA_DOUBLE_ENV}=1 but the importable 'cuda_double' is not "
-                                      "workbench's device-discipline double")
-    from .cuda import CudaBackend  # noqa: PLC0415
-
-    return CudaBackend(double)
-
-
-__all__ = ["CUDA_DOUBLE_ENV", "Backend", "CpuBackend", "get_backend"]
+__all__ = ["Backend", "CpuBackend", "cuda_module", "get_backend"]

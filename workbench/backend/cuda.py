@@ -5,7 +5,7 @@ Every allocation made while a segment is being captured comes from a memory pool
 private to that graph (switched in for the capture, kept alive with the graph), so
 the addresses baked into the graph are never handed to anything else.
 
-The array module is passed in: real CuPy, or (tests only, `WORKBENCH_CUDA_DOUBLE=1`)
+The array module is passed in: real CuPy, or (tests only, through `backend.cuda_module`)
 the device-discipline double that enforces CuPy's host/device and capture rules.
 
 Host <-> device discipline: a host array reaches the device only through
