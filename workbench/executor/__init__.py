@@ -25,7 +25,7 @@ Following one step from `InferenceSession.run` (`session/inference_session.py`):
   (`memo.py`: its guard, and the view plan and shape fold that serve nodes);
 - a captured replay: `executor.py`, `prepare.py`, `capture_runner.py` (`_replay`),
   `capture.py` (`CapturedGraph.mismatch` / `replay`), the backend's `launch`
-  (`backend/cpu.py` or `backend/cuda.py`) and the kernels' replay forms in `ops/`.
+  (`backend/cpu.py` or `backend/cuda.py`) and the kernels' fixed-arrays forms in `ops/`.
 """
 
 from .executor import Executor

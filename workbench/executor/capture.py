@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..addresses import address, holds_now
-from ..ops.registry import replay_kernel
+from ..ops.registry import fixed_arrays_kernel
 from ..reasons import DECLINE_REASONS, RETIRE_REASONS  # noqa: F401 - RETIRE_REASONS re-exported
 from .memo import SHAPE_ARITHMETIC, SHAPE_FOLD_MAX_ELEMENTS, SHAPE_SOURCES
 from .shapes import symbols_in
@@ -285,7 +285,7 @@ class LaunchRecorder:
                 written[j] = arr
         if d.p.index not in self.constant and (not d.view or any(o is not None for o in written)):
             # every replay passes these very arrays: a kernel's checks of them are made once, here
-            self.backend.record(self.graph, replay_kernel(d.p.fn, ins, written), ins, written)
+            self.backend.record(self.graph, fixed_arrays_kernel(d.p.fn, ins, written), ins, written)
             self.launched.append(d.p.index)
         if self.bake is not None:
             for vid in d.p.outputs:

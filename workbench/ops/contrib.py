@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .ort_float32 import logistic_function
-from .registry import KernelFn, NodeInfo, register, register_with_host_variant, with_replay_form
+from .registry import KernelFn, NodeInfo, register, register_with_host_variant, with_fixed_arrays_form
 
 MS_DOMAIN = "com.microsoft"
 
@@ -206,7 +206,7 @@ def build_quick_gelu(info: NodeInfo, host: bool) -> KernelFn:
         sig = xp.where(z >= 0, ct.type(1.0) / (ct.type(1.0) + e), e / (ct.type(1.0) + e))
         return (emit(outs[0], v * sig, dtype, like=x),)
 
-    def replay_form(inputs: list, outs: list) -> Any:
+    def fixed_arrays_form(inputs: list, outs: list) -> Any:
         """`run`'s computation on these arrays, where the output is preallocated in x's
         dtype."""
         x, out = inputs[0], outs[0]
@@ -218,7 +218,7 @@ def build_quick_gelu(info: NodeInfo, host: bool) -> KernelFn:
         minus_alpha, one = ct.type(-alpha), ct.type(1.0)
         return lambda ins, outs_: in_place(x, out, minus_alpha, one)
 
-    return with_replay_form(run, replay_form)
+    return with_fixed_arrays_form(run, fixed_arrays_form)
 
 
 # Registering the other contrib families (they import the helpers above).

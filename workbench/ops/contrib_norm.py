@@ -29,7 +29,7 @@ from ..addresses import SameArrays
 from . import mlas_jit
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .ort_float32 import sequential_sum
-from .registry import KernelFn, NodeInfo, register_with_host_variant, with_replay_form
+from .registry import KernelFn, NodeInfo, register_with_host_variant, with_fixed_arrays_form
 
 
 def row_rms(row: np.ndarray, scratch: np.ndarray, consts: tuple, ct: np.dtype) -> Any:
@@ -188,7 +188,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
             results[3] = s if s is sum_out else emit(sum_out, s, sum_dtype)
         return results[:max(n_out, 1)]
 
-    def replay_form(inputs: list, outs: list) -> Any:
+    def fixed_arrays_form(inputs: list, outs: list) -> Any:
         """The one-row call kept for these very arrays, if the last call kept one."""
         plan = planned.kept_for(inputs, outs)
         if plan is None:
@@ -196,7 +196,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
         fn, args = plan
         return lambda ins, outs_: fn(*args)
 
-    return with_replay_form(run, replay_form)
+    return with_fixed_arrays_form(run, fixed_arrays_form)
 
 
 def _row_buffer(out: Any, shape: tuple) -> bool:

@@ -56,7 +56,7 @@ from .registry import (
     declined,
     numpy_first_int,
     register_with_host_variant,
-    with_replay_form,
+    with_fixed_arrays_form,
 )
 from .rotary import _gather_rows, _rotate_rows, onnxruntime_rotary, rotate
 from .rotary_matrix import RotationMatrix, rotation_matrix
@@ -751,7 +751,7 @@ def build_group_query_attention(info: NodeInfo, host: bool) -> KernelFn:
                 return results
         return general(inputs, outs)
 
-    def replay_form(inputs: list, outs: list) -> Any:
+    def fixed_arrays_form(inputs: list, outs: list) -> Any:
         """The prepared numpy call itself, for the arrays `decode_token` last kept its
         setup for (a launch recorded right after that call passes the same ones)."""
         kept = checked.kept_for(inputs, outs) if DECODE_FAST_PATH else None
@@ -761,4 +761,4 @@ def build_group_query_attention(info: NodeInfo, host: bool) -> KernelFn:
         present_shape, shared = setup[3], setup[4]
         return lambda ins, outs_: plan.run(ins, outs_, present_shape, shared, local_window)
 
-    return with_replay_form(run, replay_form)
+    return with_fixed_arrays_form(run, fixed_arrays_form)

@@ -18,12 +18,13 @@ The calling contract of a `KernelFn` is
   `None` slot it returns a fresh array (its shape is resolved just in time). A
   kernel may return `None` for an output whose name is empty (not requested).
 
-A `KernelFn` may also carry `replay_form(inputs, outs)` (`with_replay_form`): the
-kernel reduced to what is left to do once it knows it will be called again and
-again with exactly these arrays, as a recorded launch calls it at every replay (its
-checks of the arrays' shapes and addresses made once, there), or None where that is
-not settled (the plain kernel is called then). It may depend on the arrays' geometry
-only, never on their contents, and must return what the plain kernel would.
+A `KernelFn` may also carry `fixed_arrays_form(inputs, outs)` (`with_fixed_arrays_form`):
+the kernel reduced to what is left to do when a caller will call it again and again
+with exactly these arrays (its checks of the arrays' shapes and addresses made once,
+there), or None where that is not settled (the plain kernel is called then). It may
+depend on the arrays' geometry only, never on their contents, and must return what
+the plain kernel would. Who calls it so is the executor's business (a recorded launch
+passes the very same arrays at every replay).
 
 Kernels never know about capture or memoisation: they only *declare* properties
 (`produces_view`, `may_run_in_place`, `capture`) and the executor decides. Nor do they
@@ -332,16 +333,16 @@ class recording_launches:
 # --- small helpers kernel modules share -------------------------------------------
 
 
-def with_replay_form(run: KernelFn, form: Callable[[list, list], KernelFn | None]) -> KernelFn:
-    """`run`, carrying `form` as its `replay_form` (see the module docstring)."""
-    run.replay_form = form  # type: ignore[attr-defined]
+def with_fixed_arrays_form(run: KernelFn, form: Callable[[list, list], KernelFn | None]) -> KernelFn:
+    """`run`, carrying `form` as its `fixed_arrays_form` (see the module docstring)."""
+    run.fixed_arrays_form = form  # type: ignore[attr-defined]
     return run
 
 
-def replay_kernel(fn: KernelFn, inputs: list, outs: list) -> KernelFn:
-    """What a recorded launch of `fn` on exactly these arrays should call at every
-    replay: the kernel's replay form for them where it offers one, else `fn` itself."""
-    form = getattr(fn, "replay_form", None)
+def fixed_arrays_kernel(fn: KernelFn, inputs: list, outs: list) -> KernelFn:
+    """What to call in place of `fn` where every call passes exactly these arrays: the
+    kernel's fixed-arrays form for them where it offers one, else `fn` itself."""
+    form = getattr(fn, "fixed_arrays_form", None)
     reduced = form(inputs, outs) if form is not None else None
     return fn if reduced is None else reduced
 

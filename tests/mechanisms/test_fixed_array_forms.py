@@ -1,9 +1,9 @@
-"""Recorded launches call a kernel's replay form: the kernel with its checks
+"""Recorded launches call a kernel's fixed-arrays form: the kernel with its checks
 of the arrays made once, when the launch is recorded, since every replay passes the
 very same arrays. A mechanism like any other: it may change how the work is done,
 never a value. The graph runs eight times with inputs at stable addresses and new
 contents, each run checked against onnxruntime, and the test asserts that the
-captured replays really went through the replay forms."""
+captured replays really went through the fixed-arrays forms."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from test_decode_speed_paths import _gqa_decode_model
 
 import workbench
 from workbench import SessionOptions
-from workbench.ops.registry import replay_kernel
+from workbench.ops.registry import fixed_arrays_kernel
 
 RUNS = 8
 HEADS, HEAD = 6, 16
@@ -50,7 +50,7 @@ def _node_fn(session, op_type):
     return next(p.fn for p in session.executor.plan.nodes if p.node.op_type == op_type)
 
 
-def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
+def test_captured_replays_call_the_fixed_arrays_forms_and_match_onnxruntime():
     model, kv_shape, hidden = _attention_then_skip_norm()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
     oracle = _ort(model)
@@ -81,13 +81,13 @@ def test_captured_replays_call_the_replay_forms_and_match_onnxruntime():
         ref_key, ref_value = want["present_key"], want["present_value"]
     events = session.recording.capture_events()
     assert (events.event == "replay").sum() >= RUNS - 4, "the captured replays must run for this to bite"
-    forms = {fn.__qualname__ for fn in _recorded_launches(session) if "replay_form" in fn.__qualname__}
+    forms = {fn.__qualname__ for fn in _recorded_launches(session) if "fixed_arrays_form" in fn.__qualname__}
     assert any(q.startswith("build_group_query_attention") for q in forms), forms
     assert any(q.startswith("_build_skip_norm") for q in forms), forms
     assert any(q.startswith("build_quick_gelu") for q in forms), forms
 
 
-def test_a_kernel_offers_no_replay_form_for_arrays_it_has_not_settled():
+def test_a_kernel_offers_no_fixed_arrays_form_for_arrays_it_has_not_settled():
     """Other arrays than the ones the kernel last kept its checks for get the plain kernel."""
     model, kv_shape, hidden = _attention_then_skip_norm()
     session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False, capture=False))
@@ -96,6 +96,6 @@ def test_a_kernel_offers_no_replay_form_for_arrays_it_has_not_settled():
                        "seqlens_k": np.array([1], np.int32), "total_sequence_length": np.array(2, np.int32)})
     for op_type in ("GroupQueryAttention", "SkipSimplifiedLayerNormalization", "QuickGelu"):
         fn = _node_fn(session, op_type)
-        assert hasattr(fn, "replay_form"), op_type
+        assert hasattr(fn, "fixed_arrays_form"), op_type
         strangers = [np.zeros(3, np.float32)] * 9, [None] * 4  # QuickGelu: no output buffer
-        assert replay_kernel(fn, *strangers) is fn, op_type
+        assert fixed_arrays_kernel(fn, *strangers) is fn, op_type
