@@ -292,22 +292,22 @@ def baked_copy(array: Any) -> np.ndarray | None:
 
 
 def numpy_first_int(array: np.ndarray) -> int:
-    """The first value of a host (numpy) integer array, for a kernel's numpy-only path.
+    """The first value of a host (numpy) integer array, for a host variant's kernel.
 
-    Sound while recording, unlike a device read: the numpy backend's recorded-launch
-    graphs call each kernel again at every replay, so the value is read afresh each
-    time, never baked in. Device arrays are refused (they go through `host_read`)."""
+    A host variant is called anew whenever its work is done (`KernelSpec.host`), so the
+    value is read at every call, never kept; a value in device memory is no host
+    variant's input, and is refused here (device reads go through `host_read`)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"numpy_first_int takes a numpy array, got {type(array).__name__}")
-    return int(array.item(0))  # host-ok: numpy's recorded launches re-run the kernel
+    return int(array.item(0))  # host-ok: a numpy array in host memory
 
 
 def numpy_any(array: np.ndarray) -> bool:
-    """Whether any element of a host (numpy) array is true, for a kernel's numpy-only
-    path (a rare exact branch). Sound while recording, as `numpy_first_int` is."""
+    """Whether any element of a host (numpy) array is true, for a host variant's kernel
+    (a rare exact branch), read at every call as `numpy_first_int`'s value is."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"numpy_any takes a numpy array, got {type(array).__name__}")
-    return bool(array.any())  # host-ok: numpy's recorded launches re-run the kernel
+    return bool(array.any())  # host-ok: a numpy array in host memory
 
 
 class recording_launches:
