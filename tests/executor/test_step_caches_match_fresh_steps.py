@@ -46,8 +46,9 @@ def _forget(session):
 
 
 def _check_io_addresses(session):
-    """After every io_buffers emission, read each array's address afresh and compare:
-    the rows served from `KnownAddresses` must be where the arrays are (a step's fresh
+    """After every io_buffers emission, read each array's address and size, and its root's,
+    afresh and compare: the rows served from `KnownAddresses` or patched from the last
+    step's must be where the arrays are (a step's fresh
     output often gets the id of the last step's, freed one)."""
     ex = session.executor
     emit = ex.step_trace.io_buffers
@@ -57,9 +58,11 @@ def _check_io_addresses(session):
         emit(rec, feeds, bound, arrays)
         arrays = [feeds[v] for v in feeds] + list(bound.values()) + \
             [arrays[v] for v in ex.graph.outputs if v not in bound]
-        want = [(address(a), address(storage_root(a))) for a in arrays if hasattr(a, "nbytes")]
+        roots = [storage_root(a) for a in arrays if hasattr(a, "nbytes")]
+        want = [(address(a), a.nbytes, address(r), r.nbytes)
+                for a, r in zip([a for a in arrays if hasattr(a, "nbytes")], roots)]
         rows = list(rec._generic["io_buffers"].pending[-1][1])  # the last (columns, rows) emitted
-        assert [(r[2], r[4]) for r in rows] == want, f"step {rec.current_step}"
+        assert [tuple(r[2:6]) for r in rows] == want, f"step {rec.current_step}"
         checked.append(len(want))
 
     ex.step_trace.io_buffers = emit_and_check
@@ -460,3 +463,31 @@ def test_a_replay_restores_one_set_while_the_same_graphs_stay_installed():
     cap.graphs, cap.captures = {0: SimpleNamespace(outputs={7: None})}, cap.captures + 1
     again = CaptureRunner.replay_restores(cap)
     assert again == {7} and CaptureRunner.replay_restores(cap) is again
+
+
+def test_io_rows_patched_from_the_last_step_are_the_rows_read_afresh():
+    """Each step hands IoRows new views of the same caches (one row longer), new feeds, a
+    kept output, and now and then a cache replaced by another, a view of a view and an
+    array owning its bytes where a view was: every block's rows are what reading every
+    array afresh gives (address, size, and the root's)."""
+    rng = np.random.default_rng(7)
+    caches = [np.zeros((1, 2, 32, 8), np.float32) for _ in range(4)]
+    kept = np.zeros((1, 1, 16), np.float32)
+    rows, known = IoRows(), KnownAddresses()
+    layout = tuple((i, "role") for i in range(8))
+    for step in range(24):
+        length = step % 30 + 1
+        if step == 9:
+            caches[1] = np.zeros((1, 2, 32, 8), np.float32)  # a cache that moved
+        pasts = [c[:, :, :length] for c in caches]
+        if step % 5 == 3:
+            pasts[2] = pasts[2][:, :1]  # a view of a view
+        if step % 7 == 4:
+            pasts[3] = np.array(pasts[3])  # owns its bytes this step
+        feeds = (np.full((1, 1), step, np.int64), rng.standard_normal((1, length)).astype(np.float32))
+        arrays = (*feeds, *pasts, kept, caches[0])
+        block = rows.block(layout, arrays, known)
+        roots = [storage_root(a) for a in arrays]
+        want = [(vid, role, address(a), a.nbytes, address(r), r.nbytes)
+                for (vid, role), a, r in zip(layout, arrays, roots)]
+        assert list(block) == want, f"step {step}"

@@ -4,14 +4,16 @@ One row per array: (value_id, role, address, nbytes, base_address, base_nbytes),
 base being the buffer at the bottom of the array's view chain (`KnownAddresses.where`).
 
 This runs at the end of every traced step, and a decode loop hands the executor new
-arrays most steps (a growing cache: every past and present), so every array is read
-every step, as cheaply as can be: where all are plain numpy arrays owning their bytes
-(each its own base) or views of such arrays (a fixed cache's pasts), in a few passes of
-C calls over all of them (`owned_addresses`, `rooted_addresses`), else one at a time. The numbers lie in arrays('Q'), a column each, that the Recording
-keeps with the layout as one block (`IoBlock`): no int or tuple per row for the step to
-make, nor for the garbage collector to count; a step whose numbers are the last step's
-hands it the very same block again (a fixed cache binds the same arrays every step),
-and a step where only a few arrays are new (a fixed cache's feeds) reads just those.
+arrays most steps (a growing cache: every past and present; a fixed cache: new views
+of the same buffers, one row longer), so it must be cheap. The numbers lie in
+arrays('Q'), a column each, that the Recording keeps with the layout as one block
+(`IoBlock`): no int or tuple per row for the step to make, nor for the garbage
+collector to count. A step whose arrays are the last step's very objects hands it the
+very same block again; otherwise the last block's columns are copied and only the new
+arrays read, a new view of the buffer the last step's view at that position viewed
+keeping its base's numbers (`IoRows._patched`). A first step, or a new layout, reads
+them all in a few passes of C calls where they are plain numpy arrays
+(`owned_addresses`, `rooted_addresses`), else one at a time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Iterator
 from itertools import compress
 from typing import Any
 
-from ..addresses import owned_addresses, rooted_addresses, same_objects
+import numpy as np
+
+from ..addresses import address, owned_addresses, rooted_addresses, same_objects
 from ..tables import IO_BUFFERS_COLUMNS
 from .views import KnownAddresses
 
@@ -105,21 +109,31 @@ class IoRows:
 
     def _patched(self, last: IoBlock, arrays: tuple, addresses: KnownAddresses) -> tuple[array, ...] | None:
         """The last block's columns with the arrays that are not the last step's very
-        objects read again, where those are few (a fixed cache's step: its feeds and
-        little else) and every position held an array; else None (read them all)."""
+        objects read again, where every position held an array; else None (read them
+        all). A new view of the array the last step's view at its position viewed (a
+        fixed cache's past, one row longer each step) keeps that base's columns: the
+        base is held (by the last step's view, kept here), so its address and size
+        stand; only the view's own address and size are read."""
         then = self._arrays
         if last.positions is not None or len(arrays) != len(then):
             return None
-        changed = list(compress(range(len(arrays)), map(operator.is_not, arrays, then)))
-        if 2 * len(changed) > len(arrays):
-            return None
         columns = tuple(column[:] for column in last.columns)  # copies: an owning block shares two pairs
-        for i in changed:
+        addrs, sizes, base_addrs, base_sizes = columns
+        for i in compress(range(len(arrays)), map(operator.is_not, arrays, then)):
             arr = arrays[i]
-            if not hasattr(arr, "nbytes"):
-                return None
-            for column, number in zip(columns, addresses.where(arr)):
-                column[i] = number
+            if type(arr) is not np.ndarray:
+                if not hasattr(arr, "nbytes"):
+                    return None
+                addrs[i], sizes[i], base_addrs[i], base_sizes[i] = addresses.where(arr)
+                continue
+            base = arr.base
+            if base is None:  # owns its bytes: its own base
+                addrs[i] = base_addrs[i] = address(arr)
+                sizes[i] = base_sizes[i] = arr.nbytes
+            elif base is getattr(then[i], "base", None) and type(base) is np.ndarray and base.base is None:
+                addrs[i], sizes[i] = address(arr), arr.nbytes
+            else:
+                addrs[i], sizes[i], base_addrs[i], base_sizes[i] = addresses.where(arr)
         return columns
 
     @staticmethod
