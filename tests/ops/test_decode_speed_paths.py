@@ -17,6 +17,7 @@ from oracles import runs_on_one_buffer
 from oracles import tensor as _tensor
 
 import workbench
+import workbench.ops.gqa_decode as gqa_decode
 import workbench.ops.gqa_host_decode as gqa_host_decode
 import workbench.ops.group_query_attention as gqa
 import workbench.ops.rotary_matrix as rotary_matrix
@@ -90,8 +91,8 @@ class _CountHostPositions:
         def counting(array):
             self.calls += 1
             return real(array)
-        monkeypatch.setattr(gqa, "numpy_first_int", counting)
-        monkeypatch.setattr(gqa_host_decode, "numpy_first_int", counting)
+        for module in (gqa, gqa_decode, gqa_host_decode):
+            monkeypatch.setattr(module, "numpy_first_int", counting)
 
 
 class _CountPreparedCalls:
@@ -232,7 +233,7 @@ def test_gqa_growing_cache_fed_back_as_a_decode_loop_does_vs_onnxruntime(monkeyp
     real = gqa_host_decode.HostDecode.run
 
     def spy(plan, inputs, outs, present_shape, shared, window, bias=None):
-        served.append(shared is gqa.NOT_SHARED)
+        served.append(shared is gqa_decode.NOT_SHARED)
         return real(plan, inputs, outs, present_shape, shared, window, bias)
     monkeypatch.setattr(gqa_host_decode.HostDecode, "run", spy)
     model, _ = _growing_gqa_session(6, 2, 16, 32, "split")
