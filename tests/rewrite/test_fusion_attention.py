@@ -342,20 +342,23 @@ def _dynamo_repeat_kv(nodes, x, prefix, kv_heads, rep, width):
     return f"{prefix}_rep"
 
 
-def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False):
+def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False, one_new_token=False):
     """torch's scaled_dot_product_attention after torch.onnx's dynamo exporter: as
     `_torch_sdpa_model`, with K^T written as Reshape(Transpose(Reshape(K_r, [-1, L, D]),
     [0, 2, 1]), [B, H, D, L]) from slices of K_r's shape (`swap_dims`: the last Reshape
     keeps [B, H, L, D] instead, which is not a transpose), and the presents' length
-    declared "P + S" as that exporter declares it."""
+    declared "P + S" as that exporter declares it. `one_new_token`: a decode step's model
+    as transformers' exporter writes it, S = 1 and the length past + 1 (the 1 a constant),
+    the presents declared "P + 1"."""
     rep = heads // kv_heads
+    seq, total = (1, "P + 1") if one_new_token else ("S", "P + S")
     nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
              helper.make_node("Concat", ["past_v", "new_v"], ["present_v"], axis=2),
              helper.make_node("Shape", ["past_k"], ["p_len"], start=2, end=3),
              helper.make_node("Shape", ["new_k"], ["s_len"], start=2, end=3),
              helper.make_node("Squeeze", ["p_len"], ["p_scalar"]),
              helper.make_node("Squeeze", ["s_len"], ["s_scalar"]),
-             helper.make_node("Add", ["p_scalar", "s_scalar"], ["total"]),
+             helper.make_node("Add", ["p_scalar", "one_count" if one_new_token else "s_scalar"], ["total"]),
              helper.make_node("Reshape", ["total", "minus1"], ["length"])]
     k = _dynamo_repeat_kv(nodes, "present_k", "rk", kv_heads, rep, width)
     v = _dynamo_repeat_kv(nodes, "present_v", "rv", kv_heads, rep, width)
@@ -377,9 +380,10 @@ def _dynamo_sdpa_model(*, heads=6, kv_heads=2, width=8, swap_dims=False):
              _c("c_h", [heads], np.int64), _c("c_d", [width], np.int64), _c("minus1", [-1], np.int64),
              _c("minus2", [-2], np.int64), _c("int_max", [np.iinfo(np.int64).max], np.int64),
              _c("int_min", [np.iinfo(np.int64).min], np.int64), _c("root", root, np.float32),
-             _c("zero", 0.0, np.float32), _c("lowest", FILL, np.float32), _c("two", 2.0, np.float32)]
-    inputs = _attention_inputs(heads, kv_heads, "S", "P", width, TensorProto.BOOL, ["B", 1, "S", "P + S"])
-    presents = [helper.make_tensor_value_info(n, F32, ["B", kv_heads, "P + S", width]) for n in ("present_k", "present_v")]
+             _c("zero", 0.0, np.float32), _c("lowest", FILL, np.float32), _c("two", 2.0, np.float32),
+             _c("one_count", 1, np.int64)]
+    inputs = _attention_inputs(heads, kv_heads, seq, "P", width, TensorProto.BOOL, ["B", 1, seq, total])
+    presents = [helper.make_tensor_value_info(n, F32, ["B", kv_heads, total, width]) for n in ("present_k", "present_v")]
     outputs = [helper.make_tensor_value_info("y2", F32, None), *presents]
     graph = helper.make_graph(nodes, "dynamo_sdpa", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
@@ -397,6 +401,19 @@ def test_dynamo_sdpa_attention_fused_vs_onnxruntime(heads, kv_heads, batch):
     (fused,) = _fused_nodes(session)
     assert fused.attrs["nan_guard"] == 1 and fused.attrs["kv_repeat"] == heads // kv_heads
     assert not any(n.op_type in ("Expand", "Transpose") for n in session.graph.nodes)
+
+
+@pytest.mark.parametrize("heads,kv_heads,batch", [(6, 2, 1), (4, 4, 2)])
+def test_dynamo_sdpa_with_the_length_as_past_plus_one_fused_vs_onnxruntime(heads, kv_heads, batch):
+    """transformers' exporter's decode step: the repeat's length written as past + 1 (a
+    constant count) is the present's "P + 1": the repeat is absorbed (kv_repeat = r, no
+    Expand left), each value onnxruntime's over runs of growing pasts."""
+    model = _dynamo_sdpa_model(heads=heads, kv_heads=kv_heads, one_new_token=True)
+    for past in (3, 4, 6):
+        session = _differential(model, batch=batch, seed=past, sizes={"P": past, "P + 1": past + 1})
+        (fused,) = _fused_nodes(session)
+        assert fused.attrs["kv_repeat"] == heads // kv_heads
+        assert not any(n.op_type in ("Expand", "Transpose") for n in session.graph.nodes)
 
 
 def test_dynamo_sdpa_reshape_that_is_not_a_transpose_stays():

@@ -17,7 +17,8 @@ Shape nodes then read K / V)::
           p = Softmax(Add(MatMul(Mul(Q, s), Mul(Transpose(K_r), s')), mask))
 
 torch.onnx's dynamo exporter writes the same with its sizes read off shapes (Shape with
-start / end, Slices of a Shape, a length as past + new), repeat_kv's Reshape with
+start / end, Slices of a Shape, a length as past + new, or as past + 1 in a decode step
+as transformers' exporter writes it), repeat_kv's Reshape with
 allowzero=1, and K^T as a transpose over the rows of the leading dims:
 Reshape(Transpose(Reshape(K_r, [-1, L, D]), [0, 2, 1]), [B, H, D, L]).
 
@@ -44,7 +45,8 @@ What is checked, so the fused node computes the same value:
   static Hkv and D; the Expand's shape (a constant or a Concat of one-element parts)
   is [batch or 1, Hkv, r, length or 1, D] and the Reshape's [batch | 0 | -1, Hkv * r,
   length | -1, D] (at most one -1), where "batch" / "length" is Unsqueeze(Gather(Shape(t),
-  i)) of K itself, or of a tensor whose dim i has K's dim's symbol (the symbols of the
+  i)) of K itself, or of a tensor whose dim i has K's dim's symbol, or a sum of such
+  reads and constant counts whose symbol is K's dim's (the symbols of the
   inferred shapes: the plan sizes its buffers by the same symbols, and two inputs
   disagreeing on one are refused when it binds them), or that dim as a constant; Q's
   heads are Hkv * r.
@@ -160,8 +162,8 @@ def _shape_reads(ctx: _Ctx, vid: int) -> list[_Dim] | None:
 def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
     """The size a scalar or one-element `vid` holds when it is read off a shape:
     Gather(Shape(t), i), Shape(t, i, i + 1), through Squeeze / Unsqueeze(0) /
-    Reshape([-1]), or the Add of two such reads (a symbol "a + b", as the inferred
-    shapes write a Concat's length)."""
+    Reshape([-1]), or the Add of two such reads, or of one and a constant count (a
+    symbol "a + b", as the inferred shapes write a Concat's length)."""
     node = ctx.made(vid, "Unsqueeze", "Squeeze", "Reshape", "Gather", "Add")
     if node is None:
         reads = _shape_reads(ctx, vid)
@@ -176,7 +178,8 @@ def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
     if node.op_type in ("Unsqueeze", "Squeeze", "Reshape"):
         return _scalar_read(ctx, node.inputs[0])
     if node.op_type == "Add":
-        a, b = (_scalar_read(ctx, v) for v in node.inputs)
+        a, b = (_scalar_read(ctx, v) if _count(ctx, v) is None else _Dim(None, -1, _count(ctx, v))
+                for v in node.inputs)
         if a is None or b is None or a.symbol is None or b.symbol is None:
             return None
         both_ints = isinstance(a.symbol, int) and isinstance(b.symbol, int)
@@ -190,6 +193,14 @@ def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
         return None
     i = int(index)
     return reads[i] if -len(reads) <= i < len(reads) else None
+
+
+def _count(ctx: _Ctx, vid: int) -> int | None:
+    """A one-element non-negative integer constant's value (torch.onnx's dynamo exporter
+    writes a cache's new length as past + 1, the 1 a constant): as a symbol's term it
+    reads as the inferred shapes write it ("s + 1")."""
+    ints = ctx.ints(vid)
+    return ints[0] if ints is not None and len(ints) == 1 and ints[0] >= 0 else None
 
 
 def _reads_dim(got: _Dim | None, want_of: int, want_axis: int, want: int | str | None) -> bool:
