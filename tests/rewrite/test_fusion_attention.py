@@ -69,11 +69,14 @@ def _attention_inputs(heads, kv_heads, seq, past, width, mask_type, mask_dims):
 
 
 def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where", leak=None,
-                     softmax_axis=-1, scale_input=False, mask_batch=None, opset=18, tile=False):
+                     softmax_axis=-1, scale_input=False, mask_batch=None, opset=18, tile=False,
+                     fused_matmul=None):
     """q [B, H, S, D]; present k / v = Concat(past, new) (graph outputs); repeat_kv when
     heads > kv_heads; MatMul(q, k^T) * scale -> Where(mask, ., FILL) | Add(mask) ->
     Softmax -> MatMul(., v) -> y, then y * 2 (so y is not only a graph output).
-    `leak` names an intermediate that also becomes a graph output."""
+    `leak` names an intermediate that also becomes a graph output. `fused_matmul` (a dict
+    of attributes): the scores as onnxruntime's optimizer writes them,
+    com.microsoft FusedMatMul(q, k^T, alpha=scale) with those attributes."""
     rep = heads // kv_heads
     total = past + seq
     nodes = [helper.make_node("Concat", ["past_k", "new_k"], ["present_k"], axis=2),
@@ -89,9 +92,14 @@ def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where
     scale = "scale"
     if not scale_input:
         inits.append(_c("scale", 1.0 / np.sqrt(width), np.float32))
-    nodes += [helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
-              helper.make_node("Mul", ["qk", scale], ["scores"])]
+    if fused_matmul is not None:
+        nodes += [helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+                  helper.make_node("FusedMatMul", ["q", "kt"], ["scores"], domain="com.microsoft",
+                                   alpha=float(1.0 / np.sqrt(width)), **fused_matmul)]
+    else:
+        nodes += [helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+                  helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+                  helper.make_node("Mul", ["qk", scale], ["scores"])]
     if mask == "where":
         nodes.append(helper.make_node("Where", ["mask", "scores", "fill"], ["masked"]))
     else:
@@ -107,7 +115,8 @@ def _attention_model(*, heads=4, kv_heads=2, seq=3, past=5, width=8, mask="where
     if leak is not None:
         outputs.append(helper.make_tensor_value_info(leak, F32, None))
     graph = helper.make_graph(nodes, "attention", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if fused_matmul is not None else [])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 def _fill(buffers, rng, run, mask):
@@ -181,6 +190,27 @@ def test_additive_mask_attention_fused_vs_onnxruntime(heads, kv_heads):
     session = _differential(_attention_model(heads=heads, kv_heads=kv_heads, mask="add"))
     assert len(_attention_rewrites(session)) == 1
     assert _fused_nodes(session)[0].attrs["mask_mode"] == "add"
+
+
+@pytest.mark.parametrize("mask", ["where", "add"])
+@pytest.mark.parametrize("heads,kv_heads,batch", [(4, 2, 1), (6, 3, 2), (2, 2, 1)])
+def test_scores_as_onnxruntimes_fused_matmul_fused_vs_onnxruntime(mask, heads, kv_heads, batch):
+    """onnxruntime's optimizer writes the scaled scores as FusedMatMul(q, k^T, alpha): the
+    chain is fused all the same (alpha the scale), each value onnxruntime's."""
+    session = _differential(_attention_model(heads=heads, kv_heads=kv_heads, mask=mask, fused_matmul={}),
+                            batch=batch)
+    (node,) = _fused_nodes(session)
+    assert node.attrs["kv_repeat"] == heads // kv_heads and node.attrs["mask_mode"] == mask
+    assert not {n.op_type for n in session.graph.nodes} & {"FusedMatMul", "Softmax", "Expand", "Transpose"}
+
+
+@pytest.mark.parametrize("attrs", [{"transA": 1}, {"transB": 1}])
+def test_a_fused_matmul_that_transposes_is_not_taken_for_the_scores(attrs):
+    """A FusedMatMul that transposes one side computes other products: not fused (the
+    values, onnxruntime's, say the model ran as written)."""
+    model = _attention_model(heads=4, kv_heads=4, seq=5, past=0, width=5, fused_matmul=attrs)
+    session = _differential(model)
+    assert not _fused_nodes(session)
 
 
 def test_mask_broadcasting_the_scores_up_is_computed_as_unfused():

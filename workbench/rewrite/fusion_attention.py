@@ -22,6 +22,11 @@ as transformers' exporter writes it), repeat_kv's Reshape with
 allowzero=1, and K^T as a transpose over the rows of the leading dims:
 Reshape(Transpose(Reshape(K_r, [-1, L, D]), [0, 2, 1]), [B, H, D, L]).
 
+Either written by onnxruntime's optimizer: the scaled scores as com.microsoft
+FusedMatMul(Q, K^T, alpha) (its MatMulScaleFusion folds a scale on either side into
+alpha), which computes alpha * (Q @ K^T), the scale applied once to each dot product
+as Mul(MatMul(Q, K^T), scale) applies it; one that transposes a side is not taken.
+
 and replaced by one ``ai.workbench::MaskedSoftmaxAttention(Q, K, V, mask, scale, fill)``
 (`ops.fused_attention`) that keeps the last MatMul's output value. The shape arithmetic
 that only fed the repeats (Shape -> Gather -> Unsqueeze -> Concat) is removed with it.
@@ -383,11 +388,20 @@ def _nan_guarded(ctx: _Ctx, vid: int) -> tuple[int, list[Node]] | None:
     return p, [isnan, where]
 
 
-def _scaled_scores(ctx: _Ctx, vid: int) -> tuple[int, int, Node, list[int], list[Node]] | None:
+def _scaled_scores(ctx: _Ctx, vid: int) -> tuple[int, int, Node, list, list[Node]] | None:
     """(q, k_t, k_t's reader, scales, nodes) for the scores `vid` (read by the masker alone), in one of
-    the two forms exporters write: Mul(MatMul(q, k_t), scale), scales [scale]; or
+    the forms exporters write: Mul(MatMul(q, k_t), scale), scales [scale]; or
     MatMul(Mul(q, scale), Mul(k_t, key_scale)) (torch's scaled_dot_product_attention
-    splits the scale as its square root over both sides), scales [scale, key_scale]."""
+    splits the scale as its square root over both sides), scales [scale, key_scale]; or
+    com.microsoft FusedMatMul(q, k_t, alpha) with nothing transposed (onnxruntime's
+    optimizer folds either of those into it), scales [alpha as a constant array, made
+    an initializer only once the chain is fused]."""
+    fused = ctx.made_by.get(vid)
+    if (fused is not None and fused.op_type == "FusedMatMul" and fused.domain == "com.microsoft"
+            and not fused.subgraphs and len(fused.inputs) == 2 and not any(
+                int(fused.attrs.get(t, 0)) for t in ("transA", "transB", "transBatchA", "transBatchB"))):
+        alpha = np.asarray(float(fused.attrs.get("alpha", 1.0)), dtype=ctx.dtype(fused.inputs[0]))
+        return fused.inputs[0], fused.inputs[1], fused, [alpha], [fused]
     scaler = ctx.made(vid, "Mul")
     if scaler is not None:
         if len(scaler.inputs) != 2:
@@ -598,6 +612,8 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
         return None
     q_width, computed = 0, {}
     for scale in scales:
+        if isinstance(scale, np.ndarray):  # FusedMatMul's alpha (the chain's dtype by construction)
+            continue
         if not _small_const(ctx, scale, dtype):
             computed[scale] = _width_scale(ctx, scale, q, dtype)
             if computed[scale] is None:
@@ -616,7 +632,8 @@ def _match(ctx: _Ctx, pv: Node) -> Rewrite | None:
         mode = "add"
     for scale, array in computed.items():  # one weight per computed scale, shared by both sides
         computed[scale] = add_initializer(ctx.graph, f"{ctx.graph.values[scale].name}/at_load", array)
-    scales = [computed.get(scale, scale) for scale in scales]
+    scales = [computed.get(scale, scale) if not isinstance(scale, np.ndarray)
+              else add_initializer(ctx.graph, f"{score_nodes[0].name}/alpha", scale) for scale in scales]
     inputs = [q, k, v, mask, scales[0], fill] + scales[1:]
     for shape_node in k_shapes:  # dims 0, 2, 3 are the repeated tensor's
         _reread(ctx, shape_node, k_rep, k)
