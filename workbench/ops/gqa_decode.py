@@ -161,17 +161,23 @@ class OneTokenDecode:
     def grown(self, inputs: list, outs: list, head_size: int, dtype: np.dtype) -> bool:
         """Whether the caches are a growing cache's, as its decode loop and the executor
         hand them over: past key and value (1, kv heads, L, head), presents one row
-        longer, all four of `dtype` and each owning its memory (so none shares or
-        overlaps another). `cache_setup` then finds (L, L + 1, not shared), without
-        reading an address."""
+        longer, all four of `dtype`; the presents each owning its memory and the pasts
+        owning theirs or views of an array that does (a fixed cache's rows 0..L-1)
+        other than the presents, so no present overlaps another or a past (numpy's
+        views name the array owning their memory as their base). `cache_setup` then
+        finds (L, L + 1, not shared), without reading an address."""
         past_key, past_value = inputs[3], inputs[4]
         out_k, out_v = outs[1], outs[2]
         if (type(past_key) is not np.ndarray or type(past_value) is not np.ndarray
                 or type(out_k) is not np.ndarray or type(out_v) is not np.ndarray
-                or past_key.base is not None or past_value.base is not None
                 or out_k.base is not None or out_v.base is not None
                 or past_key is past_value or out_k is out_v or inputs[5].size != 1):
             return False
+        for past in (past_key, past_value):
+            base = past.base
+            if base is not None and (type(base) is not np.ndarray or base.base is not None
+                                     or base is out_k or base is out_v):
+                return False
         kv_num_heads = self.kv_num_heads
         shape = past_key.shape
         present = (1, kv_num_heads, shape[2] + 1, head_size) if len(shape) == 4 else None
