@@ -17,9 +17,10 @@ The lint below is a small taint analysis over `workbench/ops/*.py`:
   over it, is clean; a name the function does not bind (a closure variable of the
   builder, a module constant) is build-time, so clean;
 - calls to functions of the same module (module-level helpers such as `_scalar`,
-  nested closures) or imported from a sibling (`from .layout import host_ints`) are
-  followed with the taint of their arguments and return the taint of what they
-  return; any other call returns tainted when an argument or its receiver is;
+  nested closures, a kernel object's methods called on `self`) or imported from a
+  sibling (`from .layout import host_ints`) are followed with the taint of their
+  arguments and return the taint of what they return; any other call returns tainted
+  when an argument or its receiver is;
 - array metadata (`.shape`, `.ndim`, `.size`, `.dtype`, ...) and `len()` are clean.
 
 A finding is `int(` / `float(` / `bool(` / `complex(` / `range(` / `min(` / `max(` /
@@ -49,8 +50,9 @@ OPS_DIR = Path(workbench.ops.__file__).parent
 
 #: a function with one of these parameters runs at run time
 RUN_TIME_PARAMS = {"inputs", "outs", "out"}
-#: parameters that carry build-time information even in a run-time function
-BUILD_TIME_PARAMS = {"info", "xp"}
+#: parameters that carry build-time information even in a run-time function (`self`: a
+#: kernel object's attributes are set when it is built, as a builder's closure variables)
+BUILD_TIME_PARAMS = {"info", "xp", "self"}
 #: builtins converting their argument to a host value (range/min/max: through __index__ / __bool__)
 CONVERTING_BUILTINS = {"int", "float", "bool", "complex", "range", "min", "max"}
 #: dotted callables converting their argument to a host array / value
@@ -71,7 +73,7 @@ CLEAN_CALLS = {"host_read", "len", "isinstance", "id", "type", "hasattr", "calla
 CLEAN_METHODS = {"kept_for"}
 #: at an entry point, a parameter annotated as one of these is a host value by contract
 HOST_ANNOTATIONS = ("int", "bool", "str", "float", "tuple", "np.dtype", "list[int]", "NodeInfo",
-                    "Callable")
+                    "Callable", "GqaAttributes", "CacheSetup")
 #: methods that put their arguments into the receiver (a container then holds input values)
 STORING_METHODS = {"append", "extend", "insert", "add", "update", "setdefault"}
 ESCAPE = "# host-ok:"
@@ -135,6 +137,9 @@ class _ModuleLint:
         self.bindings: dict[ast.AST | None, dict[str, ast.AST | None]] = {None: {}}
         self.summaries: dict[tuple, bool] = {}
         self._collect(self.tree.body, None)
+        #: methods of the module's classes, by name: what `self.name(...)` calls
+        self.methods = {fn.name: fn for cls in ast.walk(self.tree) if isinstance(cls, ast.ClassDef)
+                        for fn in cls.body if isinstance(fn, ast.FunctionDef)}
         self.imports = {alias.asname or alias.name: stmt.module
                         for stmt in self.tree.body
                         if isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module
@@ -480,14 +485,17 @@ class _FunctionLint:
             module, target = self.m.resolve(func.id, self.fn)
             if target is not None:
                 return self.follow(module, target, e, args, keywords)
+        if isinstance(func, ast.Attribute) and _dotted(func.value) == "self" and func.attr in self.m.methods:
+            return self.follow(self.m, self.m.methods[func.attr], e, args, keywords, bound=1)
         return receiver or any(args) or any(keywords.values())
 
     def follow(self, module: _ModuleLint, target: ast.AST, e: ast.Call, args: list[bool],
-               keywords: dict) -> bool:
-        """A call to a function of this module: analyse it with the arguments' taint."""
+               keywords: dict, bound: int = 0) -> bool:
+        """A call to a function of this module: analyse it with the arguments' taint
+        (`bound`: leading parameters the call does not pass, a method's `self`: clean)."""
         params = _params(target)
         taint: dict[str, bool] = {p.arg: False for p in params}
-        positional = [p.arg for p in (*target.args.posonlyargs, *target.args.args)]
+        positional = [p.arg for p in (*target.args.posonlyargs, *target.args.args)][bound:]
         starred = False
         for k, (node, tainted) in enumerate(zip(e.args, args)):
             if isinstance(node, ast.Starred):
@@ -621,6 +629,30 @@ def test_the_lint_flags_host_reads_that_bypass_host_read():
 
 def test_the_lint_accepts_reads_through_host_read_and_build_time_values():
     assert lint_source(CLEAN) == []
+
+
+KERNEL_OBJECT = """
+class Decode:
+    def __init__(self, heads):
+        self.heads = heads
+
+    def run(self, inputs, outs):
+        if self.heads > 1:  # an attribute set at build time
+            return self.read(inputs[0], self.heads)
+        return self.clean(inputs[1])
+
+    def read(self, x, heads):
+        return int(x.reshape(-1)[0]) + heads
+
+    def clean(self, x):
+        return host_read(x).item()
+"""
+
+
+def test_the_lint_follows_a_kernel_objects_methods():
+    """A kernel written as an object: `self`'s attributes are build-time values, and a
+    method called on `self` with an input is followed into, as a nested closure is."""
+    assert [f.expression for f in lint_source(KERNEL_OBJECT)] == ["int(x.reshape(-1)[0])"]
 
 
 # --- at run time: TopK's k as a graph input, under capture ----------------------------------

@@ -412,7 +412,7 @@ def build_group_query_attention(info: NodeInfo, host: bool) -> KernelFn:
                             initializers=info.initializer_inputs)
     general = partial(general_attention, attrs, xp=info.xp, dtype=dtype, used_outputs=used_outputs,
                       const_total=const_total, exact_rotary=exact_rotary, exact_attention=exact_attention)
-    decode_token, kept_for, local_window = decode.decode_token, decode.checked.kept_for, attrs.local_window
+    decode_token, checked, local_window = decode.decode_token, decode.checked, attrs.local_window
 
     def run(inputs: list, outs: list) -> list:
         if DECODE_FAST_PATH:
@@ -424,7 +424,7 @@ def build_group_query_attention(info: NodeInfo, host: bool) -> KernelFn:
     def fixed_arrays_form(inputs: list, outs: list) -> Any:
         """The prepared numpy call itself, for the arrays `decode_token` last kept its
         setup for (a launch recorded right after that call passes the same ones)."""
-        kept = kept_for(inputs, outs) if DECODE_FAST_PATH else None
+        kept = checked.kept_for(inputs, outs) if DECODE_FAST_PATH else None
         if kept is None or not kept[1]:
             return None
         setup, plan = kept
