@@ -21,6 +21,54 @@ def test_the_slot_warms_up_then_captures_then_replays():
     assert cap.next_action(steady=False, fold_pending=False) == "warm_up"  # a re-planned step
     cap.graphs[0] = object()
     assert cap.next_action(steady=True, fold_pending=True) == "replay"
+    cap.graphs.clear()
+    cap.all_seams = True  # the last cut captured nothing: run the plan eagerly as it is
+    assert cap.next_action(steady=True, fold_pending=False) == "eager"
+    assert cap.next_action(steady=False, fold_pending=False) == "warm_up"
+
+
+def _all_seams_model():
+    """Expand by a fed shape (a host read: a seam) then one Neg (a run too short to
+    record): a plan with nothing to capture."""
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["wide"]), helper.make_node("Neg", ["wide"], ["y"])], "seams",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L"]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_plan_cut_into_seams_only_is_not_cut_again_every_step(monkeypatch):
+    """The first steady step cuts the plan, finds nothing to record, and later steady
+    steps run it eagerly without cutting it again (each cut costs about as much as the
+    tiny step itself); a step with new shapes re-plans and cuts it once more. The seams
+    stay reported at every step, and every run's values are onnxruntime's (inputs at
+    stable addresses, new contents)."""
+    import onnxruntime as ort
+
+    from workbench import reports
+    from workbench.executor.capture_runner import CaptureRunner
+
+    cuts = []
+    real = CaptureRunner.segment
+    monkeypatch.setattr(CaptureRunner, "segment", lambda self, *a: (cuts.append(1), real(self, *a))[1])
+    model = _all_seams_model()
+    session = workbench.InferenceSession(model.SerializeToString())
+    oracle = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    rec, seams = session.recording, []
+    for length, runs in ((6, 8), (9, 6)):
+        x, shape = np.empty((1, length), np.float32), np.array([3, length], np.int64)
+        for _ in range(runs):
+            x[...] = rng.standard_normal(x.shape)
+            (got,) = session.run(None, {"x": x, "shape": shape})
+            (want,) = oracle.run(None, {"x": x, "shape": shape})
+            np.testing.assert_array_equal(got, want)
+        seams.append(set(reports.declines_at(rec, int(rec.steps()["step"].max()))["reason"]))
+    assert len(cuts) == 2  # one per plan: the second length re-planned
+    # the Neg: too short a run, then (its input's shape moved between warm-up steps) varying
+    assert seams == [{"host_read", "segment_too_short"}, {"host_read", "varying_shape"}]
+    assert session.executor.slot_capture("primary").all_seams
 
 
 def _session():

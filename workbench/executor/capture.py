@@ -180,6 +180,9 @@ class SlotCapture:
     declines: list[CaptureDecline] = field(default_factory=list)
     graphs: dict[int, CapturedGraph] = field(default_factory=dict)  # segment index -> graph
     warm: bool = False  # an eager step with this plan has run (its shapes seed the capture)
+    #: the last cut of this plan captured no segment (every node a seam): steady steps run
+    #: it eagerly without cutting it again, until the plan changes (a warm-up step)
+    all_seams: bool = False
     captures: int = 0
     replays: int = 0
     retires: int = 0
@@ -234,9 +237,12 @@ class SlotCapture:
         TinyJit: "warm_up" (run eagerly: a re-planned step, no eager step with this
         plan yet, or a shape fold still to be checked, which a recording a step later
         can bake), then "capture" (record each captured segment), then "replay" until
-        a retire sends it back to warming up."""
+        a retire sends it back to warming up; or "eager" while the plan's last cut captured
+        nothing (`all_seams`)."""
         if not steady or not self.installed and (not self.warm or fold_pending):
             return "warm_up"
+        if self.all_seams:
+            return "eager"
         return "replay" if self.installed else "capture"
 
     def retire(self) -> None:

@@ -264,9 +264,15 @@ class CaptureRunner:
             return "off"
         action = cap.next_action(steady, step.fold_pending)
         if action == "warm_up":
+            cap.all_seams = False  # the plan may have changed: cut it again after this step
             if not steady and cap.installed:
                 self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
             return self._warm_up(cap, run_nodes, rec, slot, bindings)
+        if action == "eager":  # the same plan, cut before into seams only: nothing to record
+            run_nodes(range(len(self.plan.nodes)))
+            if rec is not None:
+                self.trace.segments(rec, slot, cap, "eager")
+            return "eager"
         if action == "capture":
             self.segment(step, bound)
             self.stage_feeds(cap)
@@ -375,6 +381,7 @@ class CaptureRunner:
             return self._eager_instead(cap, run_nodes, rec, slot, bindings, "capture_api_error",
                                        f"{type(error).__name__}: {error}")
         cap.captures += 1
+        cap.all_seams = not cap.graphs
         if rec is not None:
             self.trace.baked(rec, slot, cap, baked, self.host_constants)
             self.trace.segments(rec, slot, cap, "captured")
