@@ -136,7 +136,7 @@ def build_ms_gelu(info: NodeInfo) -> KernelFn:
     from .elementwise import _erf_function  # noqa: PLC0415 - the backend's erf, shared
 
     xp = info.xp
-    erf = _erf_function(xp)
+    erf = _erf_function(info)
     dtype = out_dtype(info)
 
     def run(inputs: list, outs: list) -> tuple:

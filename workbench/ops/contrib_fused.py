@@ -143,7 +143,7 @@ def build_bias_gelu(info: NodeInfo) -> KernelFn:
     from .elementwise import _erf_function  # noqa: PLC0415 - the backend's erf, shared
 
     xp = info.xp
-    erf = _erf_function(xp)
+    erf = _erf_function(info)
 
     def run(inputs: list, outs: list) -> tuple:
         x, bias = inputs[0], inputs[1]

@@ -253,9 +253,12 @@ def sigmoid(info: NodeInfo, host: bool) -> KernelFn:
     return _widening_half(info, compute_as_onnxruntime if as_onnxruntime else compute)
 
 
-def _erf_function(xp: Any) -> Callable[..., Any]:
-    """`erf(x, out=None)` for the backend: scipy / cupyx when present, else math.erf."""
-    if xp is not np:
+def _erf_function(info: NodeInfo) -> Callable[..., Any]:
+    """`erf(x, out=None)` for the node's arrays: scipy's for numpy's (`host_arrays`, the
+    registry's one test of the array module), else the array module's own special
+    functions (cupyx's); math.erf where scipy is missing."""
+    xp = info.xp
+    if not info.host_arrays:
         # an array module standing in for CuPy (the test double) names its own special module
         special = getattr(xp, "__cupyx_scipy_special__", None)
         if special is None:
@@ -276,7 +279,7 @@ def _erf_function(xp: Any) -> Callable[..., Any]:
 
 @register("Erf", since=9, dtypes=FLOATS, may_run_in_place=True)
 def erf(info: NodeInfo) -> KernelFn:
-    erf_fn = _erf_function(info.xp)
+    erf_fn = _erf_function(info)
 
     def compute(x: Any, out: Any) -> Any:
         return erf_fn(x, out=out)
@@ -295,7 +298,7 @@ def gelu(info: NodeInfo) -> KernelFn:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"Gelu node {info.name!r}: approximate={approximate!r}, "
                          "expected 'none' or 'tanh'")
-    erf_fn = _erf_function(xp)
+    erf_fn = _erf_function(info)
 
     def exact(x: Any, out: Any) -> Any:
         # 0.5 * x * (1 + erf(x / sqrt(2)))
