@@ -269,6 +269,8 @@ class CaptureRunner:
                 self._retire(cap, rec, slot, "buffers_reallocated", "the step re-planned its shapes")
             return self._warm_up(cap, run_nodes, rec, slot, bindings)
         if action == "eager":  # the same plan, cut before into seams only: nothing to record
+            # (not `_finish_eagerly`: no recording reads what `observe` keeps before the next
+            # warm-up, which observes its own step; and the rows keep the cut's seams)
             run_nodes(range(len(self.plan.nodes)))
             if rec is not None:
                 self.trace.segments(rec, slot, cap, "eager")

@@ -183,8 +183,7 @@ def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
     if node.op_type in ("Unsqueeze", "Squeeze", "Reshape"):
         return _scalar_read(ctx, node.inputs[0])
     if node.op_type == "Add":
-        a, b = (_scalar_read(ctx, v) if _count(ctx, v) is None else _Dim(None, -1, _count(ctx, v))
-                for v in node.inputs)
+        a, b = (_term(ctx, v) for v in node.inputs)
         if a is None or b is None or a.symbol is None or b.symbol is None:
             return None
         both_ints = isinstance(a.symbol, int) and isinstance(b.symbol, int)
@@ -200,12 +199,15 @@ def _scalar_read(ctx: _Ctx, vid: int) -> _Dim | None:
     return reads[i] if -len(reads) <= i < len(reads) else None
 
 
-def _count(ctx: _Ctx, vid: int) -> int | None:
-    """A one-element non-negative integer constant's value (torch.onnx's dynamo exporter
-    writes a cache's new length as past + 1, the 1 a constant): as a symbol's term it
-    reads as the inferred shapes write it ("s + 1")."""
+def _term(ctx: _Ctx, vid: int) -> _Dim | None:
+    """A term of a size's sum: a size read off a shape (`_scalar_read`), or a one-element
+    non-negative integer constant, a count (transformers' exporter writes a decode step's
+    cache length as past + 1), whose symbol is the int, as the inferred shapes write it
+    ("s + 1")."""
     ints = ctx.ints(vid)
-    return ints[0] if ints is not None and len(ints) == 1 and ints[0] >= 0 else None
+    if ints is not None and len(ints) == 1 and ints[0] >= 0:
+        return _Dim(None, -1, ints[0])
+    return _scalar_read(ctx, vid)
 
 
 def _reads_dim(got: _Dim | None, want_of: int, want_axis: int, want: int | str | None) -> bool:
