@@ -99,3 +99,53 @@ def test_a_kernel_offers_no_fixed_arrays_form_for_arrays_it_has_not_settled():
         assert hasattr(fn, "fixed_arrays_form"), op_type
         strangers = [np.zeros(3, np.float32)] * 9, [None] * 4  # QuickGelu: no output buffer
         assert fixed_arrays_kernel(fn, *strangers) is fn, op_type
+
+
+def _two_rms_norms():
+    """x -> MatMul -> SimplifiedLayerNormalization (Y and inv_std_var) -> RMSNormalization
+    (opset 23) -> Add of the first norm's inv_std_var: both RMS norms on an executor's
+    buffer, one with its statistics output read downstream."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+    g1, g2 = (rng.uniform(0.5, 1.5, WIDTH).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("SimplifiedLayerNormalization", ["h", "g1"], ["y1", "inv1"], axis=-1, epsilon=1e-6),
+         helper.make_node("RMSNormalization", ["y1", "g2"], ["y2"], axis=-1, epsilon=1e-5),
+         helper.make_node("Add", ["y2", "inv1"], ["out"])],
+        "two_rms_norms", [_tensor("x", [1, 1, WIDTH])], [_tensor("out", [1, 1, WIDTH])],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (g1, "g1"), (g2, "g2"))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+def test_captured_rms_norms_call_their_fixed_arrays_form_and_match_onnxruntime():
+    model = _two_rms_norms()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(23)
+    x, out = np.empty((1, 1, WIDTH), np.float32), np.empty((1, 1, WIDTH), np.float32)
+    binding = session.io_binding()
+    binding.bind_input("x", x)
+    binding.bind_output("out", out)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((1, 1, WIDTH)) * (1 + run)  # the scale moves inv_std_var too
+        want, = oracle.run(None, {"x": x.copy()})
+        session.run_with_iobinding(binding)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
+    events = session.recording.capture_events()
+    assert (events.event == "replay").sum() >= RUNS - 4, "the captured replays must run for this to bite"
+    forms = [fn.__qualname__ for fn in _recorded_launches(session)]
+    assert forms.count("_build_rms_norm_host.<locals>.fixed_arrays_form.<locals>.call") == 2, forms
+
+
+def test_an_rms_norm_offers_no_fixed_arrays_form_where_its_outputs_do_not_fit():
+    """No output buffer (a just-in-time sized Y) or a non-contiguous x: the plain kernel."""
+    session = workbench.InferenceSession(_two_rms_norms(), SessionOptions(capture=False))
+    session.run(None, {"x": np.ones((1, 1, WIDTH), np.float32)})
+    fn = _node_fn(session, "SimplifiedLayerNormalization")
+    gamma = np.ones(WIDTH, np.float32)
+    x = np.ones((1, 1, WIDTH), np.float32)
+    assert fixed_arrays_kernel(fn, [x, gamma], [None, None]) is fn
+    strided = np.ones((1, 1, 2 * WIDTH), np.float32)[..., ::2]
+    assert fixed_arrays_kernel(fn, [strided, gamma], [np.empty_like(x), np.empty((1, 1, 1), np.float32)]) is fn
+    assert fixed_arrays_kernel(fn, [x, gamma], [np.empty_like(x), np.empty((1, 1, 1), np.float32)]) is not fn

@@ -35,7 +35,7 @@ from onnx import helper
 from ..dtypes import FLOATS
 from . import mlas_jit
 from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8, sum_of_squares_function
-from .registry import KernelFn, NodeInfo, register
+from .registry import KernelFn, NodeInfo, register, with_fixed_arrays_form
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -186,7 +186,42 @@ def _build_rms_norm_host(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dty
                                                   sum_of_squares)
             return _rms_results(outs, y, inv_rms, y_dtype_of(x, scale), want_inv, inv_dtype)
         return generic(inputs, outs)
-    return run
+
+    def fixed_arrays_form(inputs: list, outs: list) -> KernelFn | None:
+        """The compiled call alone, for these very arrays: `_rms_norm_compiled`'s with its
+        checks and reshapes made here once, into the preallocated outputs (Y, and
+        inv_std_var where asked for). None where the compiled form or the outputs do
+        not fit: the plain kernel then."""
+        x, scale, y = inputs[0], inputs[1], outs[0]
+        if (not compiled or x.dtype != F32 or scale.dtype != F32 or not x.size or y is None
+                or y.dtype != F32 or y.shape != x.shape or not y.flags.c_contiguous):
+            return None
+        n_axes = len(axes_for(x.ndim))
+        rows_shape = x.shape[:x.ndim - n_axes]
+        if (scale.shape != x.shape[x.ndim - n_axes:] or not x.flags.c_contiguous
+                or not scale.flags.c_contiguous):
+            return None
+        n = scale.size
+        inv_out = outs[1] if len(outs) > 1 and want_inv else None
+        if inv_out is not None:
+            if (inv_out.dtype != F32 or inv_out.shape != rows_shape + (1,) * n_axes
+                    or not inv_out.flags.c_contiguous):
+                return None
+            inv = inv_out.reshape(-1)
+        elif len(outs) > 1 and want_inv:
+            return None  # inv_std_var asked for, with no buffer to write it into
+        else:
+            inv = np.empty(x.size // n, F32)
+        args = (x.reshape(-1, n), scale.reshape(-1), epsilon, y.reshape(-1, n), inv)
+        results = (y, inv_out, *[None] * (len(outs) - 2)) if len(outs) > 1 else (y,)
+        rms_rows = mlas_jit.rms_rows
+
+        def call(ins: list, outs_: list) -> tuple:
+            rms_rows(*args)
+            return results
+        return call
+
+    return with_fixed_arrays_form(run, fixed_arrays_form)
 
 
 def _rms_results(outs: list, y: Any, inv_rms: Any, y_dtype: np.dtype, want_inv: bool,
