@@ -475,9 +475,11 @@ def test_a_scale_computed_from_qs_width_is_fused_vs_onnxruntime(heads, kv_heads)
 
 def test_a_scale_computed_for_a_width_the_shapes_got_wrong_fails_naming_the_node():
     """A model whose declared shapes give Q another width than it has: the scale
-    computed at load would be wrong, so the fused node refuses the run, naming itself."""
+    computed at load would be wrong, so the fused node refuses the run, naming itself.
+    (Q comes out of a Relu: an Identity would be removed at load, its readers given
+    the input with its true, symbolic width.)"""
     model = _torch_sdpa_model(heads=4, kv_heads=4, width=16, scale_from_width=True)
-    model.graph.node.insert(0, helper.make_node("Identity", ["q_in"], ["q"]))
+    model.graph.node.insert(0, helper.make_node("Relu", ["q_in"], ["q"]))
     model.graph.input[0].name = "q_in"
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "W"
     model.graph.value_info.append(helper.make_tensor_value_info("q", F32, ["B", 4, 2, 16]))

@@ -19,6 +19,7 @@ __all__ = ["REWRITE_COLUMNS", "REWRITE_RULES", "load_rewrites", "rewritten_nodes
 REWRITE_RULES = {
     "constant_folding": "folded into a constant (computed once at load)",
     "dead_node": "removed: its outputs feed nothing",
+    "identity_op": "removed: an Identity, or a Cast to its input's own dtype; its readers read that input",
     "unread_output": "kept, without the optional outputs nothing reads (not made, no buffer)",
     "unused_initializer": "initializer dropped: nothing reads it",
     "matvec_layout": "kept, its weight stored column-major (faster one-token MatMul)",

@@ -138,6 +138,8 @@ GLOSSARY: dict[str, str] = {
     "constant_folding": "load-time rewrite: a node whose inputs are all constants computed once at load and "
                         "replaced by an initializer",
     "dead_node": "load-time rewrite: a node whose outputs feed nothing, removed at load",
+    "identity_op": "load-time rewrite: an Identity, or a Cast to the dtype its input already has, removed at "
+                   "load; its readers read that input",
     "unread_output": "load-time rewrite: an optional output nothing reads, left out of its node at load",
     "unused_initializer": "load-time rewrite: an initializer nothing reads, dropped at load",
     "opset_import_assumed": "load-time fact: a domain the model's nodes use but do not import, read as "

@@ -11,7 +11,8 @@ Each rule is one module, whose docstring says what it rewrites, when it applies 
 the invariant it relies on (why no value changes, or changes only within float
 rounding):
 
-- graph cleanup: `constant_folding`, `dead_nodes`, `unread_outputs`, `unused_initializers`;
+- graph cleanup: `constant_folding`, `identity_ops`, `dead_nodes`, `unread_outputs`,
+  `unused_initializers`;
 - fusion (`fusion` lists them in order): `matmul_siblings`, the elementwise patterns
   (`fusion_patterns`: `layer_norm`, `rms_norm`, `gelu`, `silu`, and the same inside
   bodies), `fusion_attention`;

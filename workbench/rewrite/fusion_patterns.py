@@ -25,6 +25,7 @@ import numpy as np
 from ..ir.graph import Graph
 from .gelu import fuse_gelu
 from .graph_edit import Rewrite, in_bodies, read_values
+from .identity_ops import drop_identity_ops
 from .layer_norm import fuse_layer_norm
 from .rms_norm import fuse_rms_norm
 from .silu import fuse_silu
@@ -36,7 +37,7 @@ PATTERN_RULES = [fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_silu]
 def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended",
                       outer: Callable[[str], np.ndarray | None] | None = None) -> list[Rewrite]:
     """The pattern rules inside If / Loop / Scan bodies (optimum's merged decoder holds
-    the whole model in an If). A body is copied before it is edited (the loaded graph
+    the whole model in an If), after `identity_ops`' rule there. A body is copied before it is edited (the loaded graph
     stays as it was) and the node given the copy. Its constants are mostly the
     enclosing graph's initializers, read by name: a name resolves in the nearest scope
     that defines it, and only an initializer there counts as a constant. A Constant
@@ -44,7 +45,7 @@ def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended
 
     def rewrite_body(copy: Graph, here, consts: dict) -> list[Rewrite]:
         read_before = read_values(copy)
-        found: list[Rewrite] = []
+        found = drop_identity_ops(copy)  # the top level's basic rule, which does not enter bodies
         for rule in PATTERN_RULES:
             found += rule(copy, None, level, consts)
         found += fuse_in_subgraphs(copy, None, level, here)

@@ -5,8 +5,8 @@ the list of `Rewrite`s it made, so a user sees what runs differently from the mo
 file and why. The rules, in the order they run (each in its own module, whose
 docstring says what it rewrites and why the values stay the same):
 
-- level ``basic`` and up: ``constant_folding``, ``dead_node``, ``unread_output``,
-  ``unused_initializer``;
+- level ``basic`` and up: ``constant_folding``, ``identity_op``, ``dead_node``,
+  ``unread_output``, ``unused_initializer``;
 - level ``all``: ``nbits_dequantized`` (before the MatMul rules, which then take those
   products as a float model's);
 - levels ``extended`` and ``all``: the fusion rules, in `fusion.RULES`' order;
@@ -37,6 +37,7 @@ from .dead_nodes import drop_dead_nodes
 from .fusion import fuse, fuse_sibling_matmuls
 from .graph_edit import Rewrite, copy_graph
 from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, placing_weights
+from .identity_ops import drop_identity_ops
 from .matvec_layout import relay_matvec_weights
 from .matvec_threads import pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
@@ -71,6 +72,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
         return graph, notes
     out = copy_graph(graph)
     rewrites = notes + fold_constants(out)
+    rewrites += drop_identity_ops(out)
     rewrites += drop_dead_nodes(out)
     rewrites += drop_unread_outputs(out)
     released = graph.initializers if release else None

@@ -918,7 +918,7 @@ class Recording:
 
     def rewrites(self) -> pd.DataFrame:
         """What the load-time optimizer changed (`SessionOptions.graph_optimization_level`):
-        `rule` (constant_folding, dead_node, unread_output, unused_initializer, matvec_layout, the fusion
+        `rule` (constant_folding, identity_op, dead_node, unread_output, unused_initializer, matvec_layout, the fusion
         rules such as matmul_siblings), `original_nodes`, `original_ops` (the loaded
         graph's nodes replaced, removed or changed), `result` (the initializers or nodes
         standing in their place), `nodes_saved`, `bytes_delta` (resident bytes added,
