@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_session as _ort
 from oracles import tensor as _tensor
 
@@ -172,3 +172,67 @@ def test_on_the_device_nothing_baked_is_read_back_while_recording():
     events = session.recording.capture_events()
     assert (events.event == "bake").sum() > 0 and (events.event == "replay").sum() > 0
     assert not events.event.isin(["retire", "quarantine"]).any(), events[events.event == "retire"].reason.tolist()
+
+
+def _sliced_shape_model():
+    """torch.onnx dynamo's spelling: the Reshape's batch is Shape(past, start=0, end=1),
+    a slice of a growing cache's shape that takes only its fixed dim; and the positions
+    Range(0, width) + past_len, the Add written in place into the Range's buffer (the
+    Range is shape arithmetic, its buffer then holds the positions; the exporter
+    declares both shapes, as dynamo does, so the two match and the Add may reuse it)."""
+    w = numpy_helper.from_array(np.array([[1.5, -2.0], [0.5, 3.0]], np.float32), "w")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n)
+              for n, v in (("tail", [2, 2]), ("zero", 0), ("one", 1), ("axes1", [1]))]
+    nodes = [
+        helper.make_node("Shape", ["past"], ["batch_1d"], start=0, end=1),
+        helper.make_node("Concat", ["batch_1d", "tail"], ["target"], axis=0),
+        helper.make_node("Relu", ["x"], ["h"]),
+        helper.make_node("Reshape", ["h", "target"], ["r"]),
+        helper.make_node("Mul", ["r", "w"], ["y"]),
+        helper.make_node("Shape", ["x"], ["width_1d"], start=-1),
+        helper.make_node("Squeeze", ["width_1d"], ["width"]),
+        helper.make_node("Range", ["zero", "width", "one"], ["offsets"]),
+        helper.make_node("Shape", ["past"], ["past_len_1d"], start=1, end=2),
+        helper.make_node("Squeeze", ["past_len_1d"], ["past_len"]),
+        helper.make_node("Add", ["offsets", "past_len"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["positions_f"], to=1),
+        helper.make_node("Add", ["x", "positions_f"], ["z"]),
+        helper.make_node("Unsqueeze", ["x", "axes1"], ["x_row"]),
+        helper.make_node("Concat", ["past", "x_row"], ["present"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "sliced", [_tensor("x", ["batch", 4]), _tensor("past", ["batch", "past_len", 4])],
+        [_tensor("y", ["batch", 2, 2]), _tensor("z", ["batch", 4]), _tensor("present", ["batch", "total_len", 4])],
+        [w, *consts], value_info=[_tensor("offsets", [4], TensorProto.INT64), _tensor("positions", [4], TensorProto.INT64)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_a_shape_slice_of_a_growing_cache_folds_and_an_overwritten_value_stays_out():
+    """The batch sliced from the growing past's shape folds (its dim names no varying
+    symbol), so the Reshape is baked and captured; the Range, whose buffer the
+    positions' Add overwrites in place, is left out of the fold (its buffer holds the
+    positions by the end of the step: before, that failed the fold's check and the
+    whole fold went). Every step onnxruntime's, x refilled in place, the cache growing."""
+    model = _sliced_shape_model()
+    session = workbench.InferenceSession(model)
+    oracle, rng = _ort(model), np.random.default_rng(4)
+    x, past = np.empty((1, 4), np.float32), rng.standard_normal((1, 2, 4)).astype(np.float32)
+    for step in range(10):
+        x[...] = rng.standard_normal((1, 4))
+        got = session.run(None, {"x": x, "past": past})
+        want = oracle.run(None, {"x": x.copy(), "past": past.copy()})
+        for name, a, b in zip(("y", "z", "present"), got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"step {step} {name}")
+        past = got[2]
+    executor = session.executor
+    fold, values = executor.state.shape_fold, executor.graph.values
+    assert fold is not None and fold.validated
+    folded = {values[o].name for o in fold.values}
+    assert {"batch_1d", "target", "width"} <= folded and not {"offsets", "positions", "past_len"} & folded, folded
+    assert executor.state.storage.storage[executor.graph.by_name["positions"]] == "alias", "the Add runs in place"
+    events = session.recording.capture_events()
+    baked = events[events.event == "bake"].reason.tolist()
+    assert any(r.startswith("Reshape") and "target" in r for r in baked), baked
+    reshape = _reshape_index(session)
+    timings = session.recording.node_timings()
+    assert "replayed" in set(timings[timings.plan_index == reshape]["mode"])

@@ -10,6 +10,8 @@ from builtin_models import BUILT_IN, PROMPT
 import workbench
 from workbench import Generator, SessionOptions, models
 from workbench.errors import MemoVerifyError
+from workbench.executor.memo import _sliced_dims_fixed
+from workbench.ir.graph import Node
 
 
 def _session(name, **options):
@@ -209,3 +211,17 @@ def test_variant_values_are_grouped_by_declared_shape_in_first_appearance_order(
     groups = group_by_shape([0, 1, 2, 3, 4, 5, 6], values)
     assert groups == (((1, "T", 4), (0, 3)), (None, (1, 5)), ((1, "T1", 4), (2, 6)), (["odd"], (4,)))
     assert sorted(v for _, vids in groups for v in vids) == list(range(7))
+
+
+@pytest.mark.parametrize("attrs,fixed", [
+    ({"start": 0, "end": 1}, True),  # the batch
+    ({"start": -4, "end": -3}, True),  # the batch, counted from the end
+    ({"start": 1, "end": 2}, False),  # the growing length
+    ({"start": 2}, True),  # heads and head size
+    ({"end": 3}, False),
+    ({"start": -9, "end": 1}, True),  # clamped to the rank
+    ({}, False),  # the whole shape: only an invariant value's Shape folds
+])
+def test_a_shape_slice_folds_when_the_dims_it_takes_name_no_varying_symbol(attrs, fixed):
+    node = Node(index=0, name="s", op_type="Shape", domain="", inputs=(0,), outputs=(1,), attrs=attrs)
+    assert _sliced_dims_fixed(node, ("batch", "past + 1", 4, 16), frozenset({"past"})) is fixed

@@ -172,12 +172,18 @@ SHAPE_ARITHMETIC = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast"
 SHAPE_FOLD_MAX_ELEMENTS = 1024
 
 
-def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any) -> frozenset[int]:
+def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any,
+                     values: list | None = None, varying: frozenset = frozenset(),
+                     overwritten: frozenset = frozenset()) -> frozenset[int]:
     """Plan indices of the shape arithmetic whose values, under a memo replay, equal
     the reference step's: Shape/Size of a value whose shape names no varying symbol
-    (and is resolved), then every node of SHAPE_ARITHMETIC fed only by such values
-    and initializers. A pure function of shapes, so it is exact by construction; the
-    executor still checks it once (`ShapeFold.validated`) before trusting it."""
+    (and is resolved), or a Shape whose start/end take only dims that name none (a
+    growing cache's batch: `values`' symbolic shapes, `varying` the memo's symbols),
+    then every node of SHAPE_ARITHMETIC fed only by such values and initializers; none
+    with an output in `overwritten` (its buffer written in place later in the step, so
+    what the step leaves there is not the value: the fold copies it after the run). A
+    pure function of shapes, so it is exact by construction; the executor still
+    checks it once (`ShapeFold.validated`) before trusting it."""
     derived: set[int] = set()
     nodes: set[int] = set()
     for p in plan.nodes:
@@ -186,7 +192,10 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
             continue
         if node.op_type in SHAPE_SOURCES:
             src = p.inputs[0] if p.inputs else -1
-            if src < 0 or src not in invariant or shapes.get(src) is None:
+            if src < 0 or shapes.get(src) is None:
+                continue
+            if src not in invariant and not (values is not None and node.op_type == "Shape"
+                                             and _sliced_dims_fixed(node, values[src].shape, varying)):
                 continue
         elif node.op_type in SHAPE_ARITHMETIC:
             ins = [i for i in p.inputs if i >= 0]
@@ -196,12 +205,24 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
         else:
             continue
         outs = [o for o in p.outputs if o >= 0]
-        if not outs or not all(o in invariant and shapes.get(o) is not None
+        if not outs or not all(o in invariant and o not in overwritten and shapes.get(o) is not None
                                and _numel(shapes[o]) <= SHAPE_FOLD_MAX_ELEMENTS for o in outs):
             continue
         nodes.add(p.index)
         derived.update(outs)
     return frozenset(nodes)
+
+
+def _sliced_dims_fixed(node: Any, shape: tuple | None, varying: frozenset) -> bool:
+    """Whether a Shape node with start/end (opset 15) reads only dims of `shape` that
+    name no varying symbol. Without either attribute it reads every dim: then the whole
+    shape must be invariant, as for any Shape."""
+    if shape is None or ("start" not in node.attrs and "end" not in node.attrs):
+        return False
+    rank = len(shape)
+    start, end = (int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank)))
+    start, end = (min(max(x + rank if x < 0 else x, 0), rank) for x in (start, end))
+    return not shape_mentions(tuple(shape[start:end]), varying)
 
 
 def _numel(shape: tuple) -> int:

@@ -41,7 +41,7 @@ from .options import SessionOptions
 from .plan import Plan, PlanNode
 from .shapes import resolve, symbols_in
 from .slot_state import SlotState
-from .storage import VIEW, plan_storage
+from .storage import VIEW, overwritten_in_place, plan_storage
 from .views import address, is_view_of
 
 
@@ -493,7 +493,9 @@ class StepPreparer:
         computed, and trust it only if every value matched."""
         arrays = self.arrays
         if action == "rebuilt" and self.options.graph_optimization_level in ("extended", "all"):
-            nodes = shape_fold_nodes(self.plan, state.shapes, state.memo.invariant, self.graph.initializers)
+            memo = state.memo
+            nodes = shape_fold_nodes(self.plan, state.shapes, memo.invariant, self.graph.initializers,
+                                     self.graph.values, memo.varying, overwritten_in_place(state.storage))
             outputs = [o for k in nodes for o in self.plan.nodes[k].outputs if o >= 0]
             if nodes and all(arrays[o] is not None for o in outputs):
                 to_host, from_host = self.backend.to_host, self.backend.from_host

@@ -103,6 +103,14 @@ def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bo
     return sp
 
 
+def overwritten_in_place(sp: StoragePlan) -> frozenset[int]:
+    """The values whose bytes a node writes in place after they are made (every value
+    sharing the buffer of an in-place output): what their arrays hold at the end of a
+    step may be a later value."""
+    written = {sp.owner[vid] for vid, kind in sp.storage.items() if kind == ALIAS}
+    return frozenset(v for owner in written for v in sp.sharers.get(owner, ()))
+
+
 def _in_place_candidate(p: Any, sp: StoragePlan, storage_end: dict[int, int],
                         shapes: dict[int, tuple | None], protected: set[int]) -> tuple[int, int] | None:
     """(output position 0, input position) when output 0 may overwrite a dead input's buffer."""
