@@ -8,6 +8,7 @@ captured replays really went through the fixed-arrays forms."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper, numpy_helper
 from oracles import ort_session as _ort
 from oracles import tensor as _tensor
@@ -15,6 +16,7 @@ from test_decode_speed_paths import _gqa_decode_model
 
 import workbench
 from workbench import SessionOptions
+from workbench.ops import layer_norm_jit
 from workbench.ops.registry import fixed_arrays_kernel
 
 RUNS = 8
@@ -149,3 +151,109 @@ def test_an_rms_norm_offers_no_fixed_arrays_form_where_its_outputs_do_not_fit():
     strided = np.ones((1, 1, 2 * WIDTH), np.float32)[..., ::2]
     assert fixed_arrays_kernel(fn, [strided, gamma], [np.empty_like(x), np.empty((1, 1, 1), np.float32)]) is fn
     assert fixed_arrays_kernel(fn, [x, gamma], [np.empty_like(x), np.empty((1, 1, 1), np.float32)]) is not fn
+
+
+def _layer_norms(axis=-1, width=WIDTH):
+    """x -> MatMul -> LayerNormalization (scale, bias; over `axis`..end) -> SkipLayerNormalization
+    (the caller's residual, gamma, beta and a bias; its sum read by an Add after it): GPT-2's
+    norms on executor's buffers, compiled on the host."""
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    tail = [2, width // 2] if axis == -2 else [width]
+    params = {"w": w, "scale": rng.uniform(0.5, 1.5, tail), "bias": rng.standard_normal(tail),
+              "gamma": rng.uniform(0.5, 1.5, width), "beta": rng.standard_normal(width),
+              "skip_bias": rng.standard_normal(width), "shape": np.array([1, 1, *tail], np.int64),
+              "flat": np.array([1, 1, width], np.int64)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Reshape", ["h", "shape"], ["h_tail"]),
+         helper.make_node("LayerNormalization", ["h_tail", "scale", "bias"], ["normed_tail"], axis=axis,
+                          epsilon=1e-5),
+         helper.make_node("Reshape", ["normed_tail", "flat"], ["normed"]),
+         helper.make_node("SkipLayerNormalization", ["normed", "residual", "gamma", "beta", "skip_bias"],
+                          ["y", "", "", "residual_sum"], domain="com.microsoft", epsilon=1e-5),
+         helper.make_node("Add", ["y", "residual_sum"], ["out"])],
+        "layer_norms", [_tensor("x", [1, 1, width]), _tensor("residual", [1, 1, width])],
+        [_tensor("out", [1, 1, width])],
+        [numpy_helper.from_array(a if a.dtype == np.int64 else a.astype(np.float32), n) for n, a in params.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("capture", [True, False])
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_compiled_layer_norms_match_onnxruntime_replayed_and_eager(capture, axis):
+    """LayerNormalization and SkipLayerNormalization rows compiled (`layer_norm_jit`):
+    replayed through their fixed-arrays forms, or dispatched each step; 8 runs on bound
+    inputs refilled in place, each against onnxruntime."""
+    model = _layer_norms(axis)
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False, capture=capture))
+    oracle = _ort(model)
+    rng = np.random.default_rng(29)
+    x, residual = np.empty((1, 1, WIDTH), np.float32), np.empty((1, 1, WIDTH), np.float32)
+    out = np.empty((1, 1, WIDTH), np.float32)
+    binding = session.io_binding()
+    binding.bind_input("x", x)
+    binding.bind_input("residual", residual)
+    binding.bind_output("out", out)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((1, 1, WIDTH)) * (1 + run)
+        residual[...] = rng.standard_normal((1, 1, WIDTH)) + run
+        want, = oracle.run(None, {"x": x.copy(), "residual": residual.copy()})
+        session.run_with_iobinding(binding)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+    forms = [fn.__qualname__ for fn in _recorded_launches(session)]
+    if capture:
+        assert (session.recording.capture_events().event == "replay").sum() >= RUNS - 4
+        assert "build_layer_norm_host.<locals>.fixed_arrays_form.<locals>.call" in forms, forms
+        assert any(q.startswith("_build_skip_norm.<locals>.fixed_arrays_form") for q in forms), forms
+    else:
+        assert not forms
+        calls = []
+        original = layer_norm_jit._kernels
+
+        def counting():
+            rows, skip_row = original()
+            return (lambda *a: calls.append("rows") or rows(*a)), (lambda *a: calls.append("skip") or skip_row(*a))
+        layer_norm_jit._kernels = counting
+        try:
+            session.run_with_iobinding(binding)
+        finally:
+            layer_norm_jit._kernels = original
+        assert calls == ["rows", "skip"], "the eager kernels take the compiled rows"
+
+
+def test_a_layer_norm_with_a_broadcast_scale_takes_the_generic_kernel_and_matches():
+    """A scale of shape (1,) broadcasts: not the compiled rows' layout; the generic kernel,
+    still onnxruntime's values."""
+    model = _layer_norms()
+    scale = next(i for i in model.graph.initializer if i.name == "scale")
+    scale.CopyFrom(numpy_helper.from_array(np.array([1.25], np.float32), "scale"))
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    fn = _node_fn(session, "LayerNormalization")
+    x = np.ones((1, 1, WIDTH), np.float32)
+    assert fixed_arrays_kernel(fn, [x, np.array([1.25], np.float32), None], [np.empty_like(x)]) is fn
+    rng = np.random.default_rng(2)
+    oracle = _ort(model)
+    for run in range(RUNS):
+        feeds = {"x": rng.standard_normal((1, 1, WIDTH)).astype(np.float32),
+                 "residual": rng.standard_normal((1, 1, WIDTH)).astype(np.float32)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], oracle.run(None, feeds)[0], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"run {run}")
+
+
+def test_with_numba_off_the_layer_norms_take_their_numpy_forms_and_match(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NUMBA", "0")
+    model = _layer_norms()
+    session = workbench.InferenceSession(model, SessionOptions(decode_memo_verify=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(31)
+    x, residual = np.empty((1, 1, WIDTH), np.float32), np.empty((1, 1, WIDTH), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((1, 1, WIDTH))
+        residual[...] = rng.standard_normal((1, 1, WIDTH))
+        feeds = {"x": x, "residual": residual}
+        np.testing.assert_allclose(session.run(None, feeds)[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
+    assert not any(fn.__qualname__.startswith("build_layer_norm_host") for fn in _recorded_launches(session))
+    assert _node_fn(session, "LayerNormalization").__qualname__ == "build_layer_norm.<locals>.run"

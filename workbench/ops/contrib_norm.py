@@ -14,7 +14,8 @@ SkipSimplifiedLayerNormalization rounds as onnxruntime's CPU kernel does, bit fo
 given the same inputs: the squares summed left to right in the compute dtype
 (`ort_float32.sequential_sum`; onnxruntime's scalar loop, no fma), then
 ``sqrt(sum / hidden + epsilon)`` and ``sum / that * gamma`` (a division, then a
-product). SkipLayerNormalization keeps numpy's pairwise sums (onnxruntime's differ
+product). SkipLayerNormalization keeps numpy's pairwise sums, or on one float32 row
+on the host its compiled twin's float64 ones (`layer_norm_jit`; onnxruntime's differ
 from both; not matched yet).
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..addresses import SameArrays
-from . import mlas_jit
+from . import layer_norm_jit, mlas_jit
 from .contrib import F32, F64, HALF_AND_FLOAT, MS_DOMAIN, emit, out_dtype
 from .ort_float32 import sequential_sum
 from .registry import KernelFn, NodeInfo, register_with_host_variant, with_fixed_arrays_form
@@ -62,16 +63,21 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
     #: (function, arguments) of the last one-row call into preallocated outputs: the same
     #: arrays again (a replayed launch) go straight to it
     planned = SameArrays()
-    # the simplified norm's float32 row compiled (`mlas_jit`: the same rounding), chosen once
-    compiled_row = mlas_jit.skip_rms_row if simplified and host and mlas_jit.available("skip_rms_row") else None
+    # one float32 row compiled, chosen once: the simplified norm's with its rounding
+    # (`mlas_jit`), the other's with its numpy form's operations (`layer_norm_jit`)
+    compiled_row = None
+    if host and simplified and mlas_jit.available("skip_rms_row"):
+        compiled_row = mlas_jit.skip_rms_row
+    elif host and not simplified and layer_norm_jit.available():
+        compiled_row = layer_norm_jit.skip_layer_norm_row
 
-    def compiled_one_row(x: Any, skip: Any, gamma: Any, hidden: Any, epsilon: Any, s: Any, y: Any,
-                         results: tuple) -> list:
+    def compiled_one_row(args: tuple, results: tuple) -> list:
         """`one_row` compiled, on flat float32 rows."""
-        compiled_row(x, skip, gamma, hidden, epsilon, s, y)
+        compiled_row(*args)
         return list(results)
 
-    def compiled_call(inputs: list, outs: list, x: Any, skip: Any, gamma: Any, consts: tuple) -> list | None:
+    def compiled_call(inputs: list, outs: list, x: Any, skip: Any, gamma: Any, beta: Any, bias: Any,
+                      consts: tuple) -> list | None:
         """The compiled one-row call (kept for these arrays where its outputs are the
         preallocated ones), or None where it does not apply: not float32 throughout, not
         one contiguous row, a mean or inverse-std output asked for."""
@@ -79,6 +85,7 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
         if (x.dtype != F32 or skip.dtype != F32 or gamma.dtype != F32 or gamma.ndim != 1 or x.size != hidden
                 or skip.size != hidden or gamma.size != hidden or not x.flags.c_contiguous
                 or not skip.flags.c_contiguous or not gamma.flags.c_contiguous
+                or not all(v is None or _flat_row(v, hidden) for v in (beta, bias))
                 or any(n_out > i and (outs[i] is not None or wanted[i]) for i in (1, 2))):
             return None
         y_out, sum_out = outs[0], outs[3] if n_out > 3 else None
@@ -87,11 +94,15 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
         results = [y if y is y_out or dtype == F32 else emit(y_out, y, dtype), None, None, None]
         if n_out > 3 and (sum_out is not None or wanted[3]):
             results[3] = s if s is sum_out or sum_dtype == F32 else emit(sum_out, s, sum_dtype)
-        args = (x.reshape(-1), skip.reshape(-1), gamma, *consts, s.reshape(-1), y.reshape(-1),
-                tuple(results[:max(n_out, 1)]))
+        if simplified:
+            args = (x.reshape(-1), skip.reshape(-1), gamma, *consts, s.reshape(-1), y.reshape(-1))
+        else:
+            args = (x.reshape(-1), skip.reshape(-1), None if bias is None else bias.reshape(-1), gamma,
+                    None if beta is None else beta.reshape(-1), consts[1], s.reshape(-1), y.reshape(-1))
+        call = (args, tuple(results[:max(n_out, 1)]))
         if y is y_out and results[0] is y and (n_out <= 3 or results[3] is None or s is sum_out):
-            planned.keep(inputs, outs, (compiled_one_row, args))
-        return compiled_one_row(*args)
+            planned.keep(inputs, outs, (compiled_one_row, call))
+        return compiled_one_row(*call)
 
     def one_row(x: Any, skip: Any, s: Any, gamma: Any, flat: Any, s_flat: Any,
                 consts: tuple, ct: np.dtype, results: tuple) -> list:
@@ -122,8 +133,8 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
         consts = scalars.get((ct, hidden))
         if consts is None:
             consts = scalars[(ct, hidden)] = (ct.type(hidden), ct.type(eps))
-        if compiled_row is not None and bias is None:
-            result = compiled_call(inputs, outs, x, skip, gamma, consts)
+        if compiled_row is not None and (bias is None or not simplified):
+            result = compiled_call(inputs, outs, x, skip, gamma, beta, bias, consts)
             if result is not None:
                 return result
         y_out = outs[0]
@@ -197,6 +208,11 @@ def _build_skip_norm(info: NodeInfo, simplified: bool, host: bool) -> KernelFn:
         return lambda ins, outs_: fn(*args)
 
     return with_fixed_arrays_form(run, fixed_arrays_form)
+
+
+def _flat_row(a: Any, hidden: int) -> bool:
+    """Whether a beta or bias is `hidden` contiguous float32s, as the compiled rows read it."""
+    return a.dtype == F32 and a.size == hidden and a.flags.c_contiguous
 
 
 def _row_buffer(out: Any, shape: tuple) -> bool:

@@ -33,7 +33,7 @@ import numpy as np
 from onnx import helper
 
 from ..dtypes import FLOATS
-from . import mlas_jit
+from . import layer_norm_jit, mlas_jit
 from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8, sum_of_squares_function
 from .registry import KernelFn, NodeInfo, register, with_fixed_arrays_form
 
@@ -132,6 +132,60 @@ def build_layer_norm(info: NodeInfo) -> KernelFn:
             results.append(_emit(outs[2], inv_std, inv_dtype) if want_inv_std else None)
         return results
     return run
+
+
+@register("LayerNormalization", since=17, dtypes=FLOATS, host=True)
+def build_layer_norm_host(info: NodeInfo) -> KernelFn:
+    """The host variant: float32 rows compiled (`layer_norm_jit`: the same operations,
+    the sums accumulated in float64) where Y alone is asked for and scale and bias
+    have the normalised axes' shape; the generic kernel otherwise."""
+    generic = build_layer_norm(info)
+    compute = _compute_dtype(info.input_dtypes[0], _stash_dtype(info))
+    if compute != F32 or _wanted(info, 1) or _wanted(info, 2) or not layer_norm_jit.available():
+        return generic
+    epsilon = compute.type(info.attr("epsilon", 1e-5))
+    axes_for = _trailing_axes(info)
+
+    def compiled_args(inputs: list, outs: list) -> tuple | None:
+        """(rows, scale, bias, epsilon, Y's rows) for the compiled call, Y's buffer
+        (the preallocated output or a new one); None where the arrays do not fit."""
+        x, scale = inputs[0], inputs[1]
+        bias = inputs[2] if len(inputs) > 2 else None
+        tail = x.shape[x.ndim - len(axes_for(x.ndim)):]
+        if (x.dtype != F32 or scale.dtype != F32 or not x.size or scale.shape != tail
+                or not x.flags.c_contiguous or not scale.flags.c_contiguous
+                or (bias is not None and (bias.dtype != F32 or bias.shape != tail or not bias.flags.c_contiguous))):
+            return None
+        y = outs[0]
+        if y is None or y.dtype != F32 or y.shape != x.shape or not y.flags.c_contiguous:
+            y = np.empty(x.shape, F32)
+        n = scale.size
+        return (x.reshape(-1, n), scale.reshape(-1), None if bias is None else bias.reshape(-1), epsilon,
+                y.reshape(-1, n)), y
+
+    def run(inputs: list, outs: list) -> list:
+        found = compiled_args(inputs, outs)
+        if found is None:
+            return generic(inputs, outs)
+        args, y = found
+        layer_norm_jit.layer_norm_rows(*args)
+        return [_emit(outs[0], y, F32), *[None] * (len(outs) - 1)]
+
+    def fixed_arrays_form(inputs: list, outs: list) -> KernelFn | None:
+        """The compiled call alone, for these very arrays: into Y's preallocated buffer."""
+        found = compiled_args(inputs, outs)
+        if found is None or found[1] is not outs[0]:
+            return None
+        args = found[0]
+        results = (outs[0], *[None] * (len(outs) - 1))
+        rows = layer_norm_jit.layer_norm_rows
+
+        def call(ins: list, outs_: list) -> tuple:
+            rows(*args)
+            return results
+        return call
+
+    return with_fixed_arrays_form(run, fixed_arrays_form)
 
 
 # --- RMSNormalization and SimplifiedLayerNormalization ------------------------------
