@@ -11,6 +11,7 @@ import workbench
 from workbench import Generator, SessionOptions, models
 from workbench.errors import MemoVerifyError
 from workbench.executor.memo import _sliced_dims_fixed
+from workbench.executor.storage import ALIAS, OWNER, VIEW, StoragePlan, overwritten_in_place
 from workbench.ir.graph import Node
 
 
@@ -225,3 +226,12 @@ def test_variant_values_are_grouped_by_declared_shape_in_first_appearance_order(
 def test_a_shape_slice_folds_when_the_dims_it_takes_name_no_varying_symbol(attrs, fixed):
     node = Node(index=0, name="s", op_type="Shape", domain="", inputs=(0,), outputs=(1,), attrs=attrs)
     assert _sliced_dims_fixed(node, ("batch", "past + 1", 4, 16), frozenset({"past"})) is fixed
+
+
+def test_overwritten_in_place_spares_the_last_value_written_and_views_made_after_it():
+    """owner 1, a view of it (2), two in-place writes (3, then 4), a view made after the
+    last (5): the step leaves 4's value in the buffer, so 1, 2 and 3 are overwritten."""
+    kinds = {1: OWNER, 2: VIEW, 3: ALIAS, 4: ALIAS, 5: VIEW, 6: OWNER}
+    sp = StoragePlan(storage=kinds, owner={**dict.fromkeys(range(1, 6), 1), 6: 6},
+                     first_def={v: v - 1 for v in kinds}, sharers={1: [1, 2, 3, 4, 5], 6: [6]})
+    assert overwritten_in_place(sp) == {1, 2, 3}

@@ -179,11 +179,12 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
     the reference step's: Shape/Size of a value whose shape names no varying symbol
     (and is resolved), or a Shape whose start/end take only dims that name none (a
     growing cache's batch: `values`' symbolic shapes, `varying` the memo's symbols),
-    then every node of SHAPE_ARITHMETIC fed only by such values and initializers; none
+    then every node of SHAPE_ARITHMETIC fed only by such values and initializers. A node
     with an output in `overwritten` (its buffer written in place later in the step, so
-    what the step leaves there is not the value: the fold copies it after the run). A
-    pure function of shapes, so it is exact by construction; the executor still
-    checks it once (`ShapeFold.validated`) before trusting it."""
+    what the step leaves there is not the value, and the fold copies it after the run)
+    is not folded, but what it feeds may be: it runs on every replay. A pure function
+    of shapes, so it is exact by construction; the executor still checks it once
+    (`ShapeFold.validated`) before trusting it."""
     derived: set[int] = set()
     nodes: set[int] = set()
     for p in plan.nodes:
@@ -205,11 +206,12 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
         else:
             continue
         outs = [o for o in p.outputs if o >= 0]
-        if not outs or not all(o in invariant and o not in overwritten and shapes.get(o) is not None
+        if not outs or not all(o in invariant and shapes.get(o) is not None
                                and _numel(shapes[o]) <= SHAPE_FOLD_MAX_ELEMENTS for o in outs):
             continue
-        nodes.add(p.index)
         derived.update(outs)
+        if overwritten.isdisjoint(outs):
+            nodes.add(p.index)
     return frozenset(nodes)
 
 

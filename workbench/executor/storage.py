@@ -104,11 +104,18 @@ def plan_storage(plan: Plan, *, views: bool, compute_in_place: bool, release: bo
 
 
 def overwritten_in_place(sp: StoragePlan) -> frozenset[int]:
-    """The values whose bytes a node writes in place after they are made (every value
-    sharing the buffer of an in-place output): what their arrays hold at the end of a
-    step may be a later value."""
-    written = {sp.owner[vid] for vid, kind in sp.storage.items() if kind == ALIAS}
-    return frozenset(v for owner in written for v in sp.sharers.get(owner, ()))
+    """The values whose bytes a later node writes in place: every value sharing the
+    buffer of an in-place output but the last one written there and the views made of
+    the buffer after it (a step leaves that value in the buffer; what the others'
+    arrays hold by then is a later value)."""
+    last: dict[int, int] = {}  # owner -> the last value written into its buffer in place
+    for vid, kind in sp.storage.items():
+        if kind == ALIAS:
+            owner = sp.owner[vid]
+            if owner not in last or sp.first_def[vid] > sp.first_def[last[owner]]:
+                last[owner] = vid
+    return frozenset(v for owner, final in last.items() for v in sp.sharers.get(owner, ())
+                     if v != final and not (sp.storage[v] == VIEW and sp.first_def[v] > sp.first_def[final]))
 
 
 def _in_place_candidate(p: Any, sp: StoragePlan, storage_end: dict[int, int],
