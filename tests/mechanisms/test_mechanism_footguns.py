@@ -18,6 +18,7 @@ from oracles import tensor as _tensor
 
 import workbench
 from workbench import RunOptions, SessionOptions
+from workbench.reports.plan import elided_mechanisms
 
 RUNS = 8
 OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
@@ -530,3 +531,30 @@ def test_an_if_branch_reading_an_outer_constant_keeps_its_type():
         (want,) = oracle.run(None, {"x": x.copy(), "cond": cond.copy()})
         assert got.shape == want.shape == (2,)
         _assert_exact(got, want, run)
+
+
+def test_the_plan_report_calls_a_fold_fed_by_an_overwritten_value_a_shape_fold():
+    """The Div halving the width is written in place over the Gather's buffer: the Gather
+    is left out of the fold and runs every replay, the Div is folded. The report names
+    the elisions after it shape folds (before, the Gather that ran broke the chain, and
+    the Unsqueeze of the Div, a view op, read as Stage 2)."""
+    width = 4
+    model = _folded_and_runtime_reshape_model(width)
+    session = workbench.InferenceSession(model, _options(capture=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(3)
+    x, fed_shape, past = np.empty((1, width), np.float32), np.array([2, 2], np.int64), np.zeros((1, 0, width), np.float32)
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((1, width))
+        feeds = {"x": x, "fed_shape": fed_shape, "past": past}
+        got = session.run(None, feeds)
+        _assert_exact(got[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0], run, "present")
+        past = got[0]
+    executor = session.executor
+    by_name = {executor.graph.values[p.outputs[0]].name: p.index for p in executor.plan.nodes}
+    assert executor.state.storage.storage[executor.graph.by_name["half"]] == "alias", "the Div runs in place"
+    mechanisms = elided_mechanisms(session.recording)
+    last = max(step for step, _ in mechanisms)
+    assert (last, by_name["h_width"]) not in mechanisms, "the overwritten Gather runs"
+    # the Unsqueeze is a view op: only the chain from the Shape tells its fold from Stage 2
+    assert [mechanisms[(last, by_name[v])] for v in ("half", "half_1d", "square")] == ["shape fold"] * 3

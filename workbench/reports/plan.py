@@ -121,7 +121,9 @@ SHAPE_ARITHMETIC = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast"
 def _shape_fold_at_step(f: Frames, elided: set[int]) -> set[int]:
     """The elided nodes shape folding served at one step: an elided Shape/Size, then
     elided shape arithmetic fed only by those nodes' values and initializers (the
-    executor's own rule, `memo.shape_fold_nodes`, restricted to what was elided)."""
+    executor's own rule, `memo.shape_fold_nodes`, restricted to what was elided). Shape
+    arithmetic that ran although so fed (its buffer is written over in place later in
+    the step, so the fold leaves it out) still feeds the chain, as it does there."""
     values = f.get("values")
     inits = set(values.loc[values["role"] == "initializer", "name"])
     nodes = f.get("nodes")
@@ -129,17 +131,19 @@ def _shape_fold_at_step(f: Frames, elided: set[int]) -> set[int]:
     out: set[int] = set()
     for p, op, dom, ins, outs in zip(nodes["plan_index"], nodes["op_type"], nodes["domain"],
                                      nodes["inputs"], nodes["outputs"]):
-        if int(p) not in elided or dom:
+        if dom:
             continue
         ins = [i for i in list(ins) if i]
         if op in SHAPE_SOURCES:
-            pass
+            if int(p) not in elided:
+                continue
         elif op in SHAPE_ARITHMETIC:
             if not ins or not all(i in derived or i in inits for i in ins) or not any(i in derived for i in ins):
                 continue
         else:
             continue
-        out.add(int(p))
+        if int(p) in elided:
+            out.add(int(p))
         derived.update(o for o in list(outs) if o)
     return out
 
