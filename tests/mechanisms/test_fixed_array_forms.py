@@ -16,7 +16,7 @@ from test_decode_speed_paths import _gqa_decode_model
 
 import workbench
 from workbench import SessionOptions
-from workbench.ops import layer_norm_jit
+from workbench.ops import layer_norm_jit, mlas_jit
 from workbench.ops.registry import fixed_arrays_kernel
 
 RUNS = 8
@@ -137,7 +137,7 @@ def test_captured_rms_norms_call_their_fixed_arrays_form_and_match_onnxruntime()
     events = session.recording.capture_events()
     assert (events.event == "replay").sum() >= RUNS - 4, "the captured replays must run for this to bite"
     forms = [fn.__qualname__ for fn in _recorded_launches(session)]
-    assert forms.count("_build_rms_norm_host.<locals>.fixed_arrays_form.<locals>.call") == 2, forms
+    assert [getattr(fn, "target", None) for fn in _recorded_launches(session)].count(mlas_jit.rms_rows) == 2, forms
 
 
 def test_an_rms_norm_offers_no_fixed_arrays_form_where_its_outputs_do_not_fit():
@@ -205,7 +205,8 @@ def test_compiled_layer_norms_match_onnxruntime_replayed_and_eager(capture, axis
     forms = [fn.__qualname__ for fn in _recorded_launches(session)]
     if capture:
         assert (session.recording.capture_events().event == "replay").sum() >= RUNS - 4
-        assert "build_layer_norm_host.<locals>.fixed_arrays_form.<locals>.call" in forms, forms
+        assert any(getattr(fn, "target", None) is layer_norm_jit.layer_norm_rows
+                   for fn in _recorded_launches(session)), forms
         assert any(q.startswith("_build_skip_norm.<locals>.fixed_arrays_form") for q in forms), forms
     else:
         assert not forms
@@ -255,5 +256,5 @@ def test_with_numba_off_the_layer_norms_take_their_numpy_forms_and_match(monkeyp
         feeds = {"x": x, "residual": residual}
         np.testing.assert_allclose(session.run(None, feeds)[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0],
                                    rtol=1e-5, atol=1e-5, err_msg=f"run {run}")
-    assert not any(fn.__qualname__.startswith("build_layer_norm_host") for fn in _recorded_launches(session))
+    assert not any(hasattr(fn, "target") for fn in _recorded_launches(session))
     assert _node_fn(session, "LayerNormalization").__qualname__ == "build_layer_norm.<locals>.run"

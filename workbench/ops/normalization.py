@@ -35,7 +35,7 @@ from onnx import helper
 from ..dtypes import FLOATS
 from . import layer_norm_jit, mlas_jit
 from .ort_float32 import FMA8_MIN_ROW, sequential_sum, sum_of_squares_fma8, sum_of_squares_function
-from .registry import KernelFn, NodeInfo, register, with_fixed_arrays_form
+from .registry import KernelFn, NodeInfo, register, settled_call, with_fixed_arrays_form
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -176,14 +176,7 @@ def build_layer_norm_host(info: NodeInfo) -> KernelFn:
         found = compiled_args(inputs, outs)
         if found is None or found[1] is not outs[0]:
             return None
-        args = found[0]
-        results = (outs[0], *[None] * (len(outs) - 1))
-        rows = layer_norm_jit.layer_norm_rows
-
-        def call(ins: list, outs_: list) -> tuple:
-            rows(*args)
-            return results
-        return call
+        return settled_call(layer_norm_jit.layer_norm_rows, found[0], (outs[0], *[None] * (len(outs) - 1)))
 
     return with_fixed_arrays_form(run, fixed_arrays_form)
 
@@ -267,13 +260,7 @@ def _build_rms_norm_host(info: NodeInfo, y_dtype_of: Callable[[Any, Any], np.dty
         else:
             inv = np.empty(x.size // n, F32)
         args = (x.reshape(-1, n), scale.reshape(-1), epsilon, y.reshape(-1, n), inv)
-        results = (y, inv_out, *[None] * (len(outs) - 2)) if len(outs) > 1 else (y,)
-        rms_rows = mlas_jit.rms_rows
-
-        def call(ins: list, outs_: list) -> tuple:
-            rms_rows(*args)
-            return results
-        return call
+        return settled_call(mlas_jit.rms_rows, args, (y, inv_out, *[None] * (len(outs) - 2))[:max(len(outs), 1)])
 
     return with_fixed_arrays_form(run, fixed_arrays_form)
 

@@ -339,6 +339,16 @@ def with_fixed_arrays_form(run: KernelFn, form: Callable[[list, list], KernelFn 
     return run
 
 
+def settled_call(fn: Callable[..., Any], args: tuple, results: tuple) -> KernelFn:
+    """A fixed-arrays form that is one call: `fn(*args)` on the views and scratch worked
+    out for the settled arrays, handing back `results` (the output arrays it writes)."""
+    def call(inputs: list, outs: list) -> tuple:
+        fn(*args)
+        return results
+    call.target = fn  # type: ignore[attr-defined] - what a recorded launch calls, for a reader to see
+    return call
+
+
 def fixed_arrays_kernel(fn: KernelFn, inputs: list, outs: list) -> KernelFn:
     """What to call in place of `fn` where every call passes exactly these arrays: the
     kernel's fixed-arrays form for them where it offers one, else `fn` itself."""
