@@ -558,3 +558,34 @@ def test_the_plan_report_calls_a_fold_fed_by_an_overwritten_value_a_shape_fold()
     assert (last, by_name["h_width"]) not in mechanisms, "the overwritten Gather runs"
     # the Unsqueeze is a view op: only the chain from the Shape tells its fold from Stage 2
     assert [mechanisms[(last, by_name[v])] for v in ("half", "half_1d", "square")] == ["shape fold"] * 3
+
+
+def test_a_shape_fold_that_fails_its_check_is_dropped_and_says_why():
+    """A fold whose copied value is not what the kernels compute at the next replay (a
+    misjudged value; here one of its copies is altered) is dropped before it serves a
+    step, every value stays onnxruntime's, and the memo row of that step names the value
+    and both contents: a fold that never serves must not go unnoticed."""
+    width = 4
+    model = _folded_and_runtime_reshape_model(width)
+    session = workbench.InferenceSession(model, _options(capture=False))
+    oracle = _ort(model)
+    rng = np.random.default_rng(5)
+    x, fed_shape, past = np.empty((1, width), np.float32), np.array([2, 2], np.int64), np.zeros((1, 0, width), np.float32)
+    state, altered = session.executor.state, None
+    for run in range(RUNS):
+        x[...] = rng.standard_normal((1, width))
+        feeds = {"x": x, "fed_shape": fed_shape, "past": past}
+        got = session.run(None, feeds)
+        _assert_exact(got[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0], run, "present")
+        past = got[0]
+        fold = state.shape_fold
+        if altered is None and fold is not None and not fold.validated:
+            altered = next(vid for vid in fold.values if session.executor.graph.values[vid].name == "half")
+            fold.values[altered] = fold.values[altered] + 1
+            fold.host[altered] = fold.host[altered] + 1
+    assert altered is not None, "a fold must be built for this to bite"
+    reasons = session.recording.memo_timeline().reason.tolist()
+    dropped = [r for r in reasons if "shape fold dropped" in r]
+    assert dropped == ["bindings match the memo; shape fold dropped: 'half' was 3 at the reference step, "
+                       "2 at this replay"], reasons
+    assert session.memo_stats()["shape_folded"] == 0, "dropped at its check, the fold never served a step"

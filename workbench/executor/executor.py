@@ -181,14 +181,14 @@ class Executor:
             self._fill_bound(arrays, bound)
         if prepared.action == "replayed" and self.options.decode_memo_verify:
             self.preparer.verify_shapes(step.state, arrays)
-        self.preparer.after_run(step.state, prepared.action, step)
+        fold_dropped = self.preparer.after_run(step.state, prepared.action, step)
         divergences = self._shadow_check(snapshot, step, prepared.action, slot)
         views_reused = sum(len(self.plan.nodes[k].outputs) for k in step.reinstated)
         self.memo_stats.dispatch_elided += len(step.reinstated)
         self.memo_stats.views_reused += views_reused
         if rec is not None:
             self._trace_step(rec, step, prepared, phase, slot, feeds, bound, capture_mode == "replay", resolve_s,
-                             views_reused)
+                             views_reused, fold_dropped)
             rec.end_step(time.perf_counter() - t_start, resident_peak_bytes=self._peak)
         if divergences and self.options.shadow == "raise":
             raise divergence_error(divergences)
@@ -233,11 +233,13 @@ class Executor:
 
     def _trace_step(self, rec: Any, step: StepRun, prepared: PreparedStep, phase: str, slot: str,
                     feeds: dict[int, Any], bound: dict[int, Any], replayed: bool, resolve_s: float,
-                    views_reused: int) -> None:
-        """The step's memo, liveness and io_buffers rows (`StepTrace`)."""
+                    views_reused: int, fold_dropped: str | None = None) -> None:
+        """The step's memo, liveness and io_buffers rows (`StepTrace`); `fold_dropped`:
+        why the shape fold failed its check this step, added to the memo row's reason."""
         trace, state = self.step_trace, step.state
+        reason = prepared.reason if fold_dropped is None else f"{prepared.reason}; {fold_dropped}"
         trace.memo(rec, state, self.preparer.view_plan_state(state), phase, slot, prepared.action,
-                   prepared.reason, resolve_s, len(step.reinstated), views_reused)
+                   reason, resolve_s, len(step.reinstated), views_reused)
         restored = self.capture_runner.replay_restores(state.capture) if replayed else None
         trace.liveness(rec, state, step.arrays, step.owners, step.released, step.pinned, restored)
         trace.io_buffers(rec, feeds, bound, step.arrays)

@@ -296,12 +296,14 @@ class StepPreparer:
 
     # -- after the step -------------------------------------------------------------------
 
-    def after_run(self, state: SlotState, action: str, step: Any) -> None:
+    def after_run(self, state: SlotState, action: str, step: Any) -> str | None:
         """What the run just made tells the view plan and the shape fold (`step`: its
-        `StepRun`)."""
+        `StepRun`). Returns why a shape fold was dropped at its check, if it was (for
+        the step's memo row: a fold that never serves must say so)."""
         self._view_plan_after_run(state, action, step)
-        self._shape_fold_after_run(state, action)
+        dropped = self._shape_fold_after_run(state, action)
         self.stats.shape_folded += len(step.folded)
+        return dropped
 
     def verify_shapes(self, state: SlotState, arrays: list) -> None:
         """Verify mode: every shape the replay served must be the shape the kernels
@@ -487,7 +489,7 @@ class StepPreparer:
 
     # -- the shape fold ------------------------------------------------------------------
 
-    def _shape_fold_after_run(self, state: SlotState, action: str) -> None:
+    def _shape_fold_after_run(self, state: SlotState, action: str) -> str | None:
         """After a rebuild, keep the shape arithmetic `shape_fold_nodes` finds (private
         copies of its values); on the next replay, compare it with what the kernels
         computed, and trust it only if every value matched."""
@@ -506,12 +508,17 @@ class StepPreparer:
         elif action == "replayed" and state.shape_fold is not None and not state.shape_fold.validated:
             fold = state.shape_fold
             to_host = self.backend.to_host
-            fold.validated = all(arrays[o] is not None and np.array_equal(to_host(arrays[o]), to_host(v))
-                                 for o, v in fold.values.items())
-            if not fold.validated:
+            differs = next((o for o, v in fold.values.items()
+                            if arrays[o] is None or not np.array_equal(to_host(arrays[o]), to_host(v))), None)
+            fold.validated = differs is None
+            if differs is not None:
                 state.shape_fold = None
+                now = "released" if arrays[differs] is None else _short(to_host(arrays[differs]))
+                return (f"shape fold dropped: {self.graph.values[differs].name!r} was "
+                        f"{_short(fold.host[differs])} at the reference step, {now} at this replay")
         elif action != "replayed":
             state.shape_fold = None
+        return None
 
     @staticmethod
     def fold_pending(state: SlotState) -> bool:
@@ -541,3 +548,10 @@ class StepPreparer:
 
 
 __all__ = ["Dispatch", "PreparedStep", "StepPreparer", "bound_signature", "plain_call"]
+
+
+def _short(value: Any, limit: int = 48) -> str:
+    """A shape-fold value as a memo row names it: its elements, cut at `limit` characters."""
+    text = str(np.asarray(value).tolist())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
