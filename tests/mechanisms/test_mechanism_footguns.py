@@ -533,16 +533,14 @@ def test_an_if_branch_reading_an_outer_constant_keeps_its_type():
         _assert_exact(got, want, run)
 
 
-def test_the_plan_report_calls_a_fold_fed_by_an_overwritten_value_a_shape_fold():
-    """The Div halving the width is written in place over the Gather's buffer: the Gather
-    is left out of the fold and runs every replay, the Div is folded. The report names
-    the elisions after it shape folds (before, the Gather that ran broke the chain, and
-    the Unsqueeze of the Div, a view op, read as Stage 2)."""
-    width = 4
+def _fold_decode(seed: int, after_each=None, width: int = 4):
+    """RUNS decode steps of `_folded_and_runtime_reshape_model` (the Div halving the width
+    written in place over the Gather's buffer), x refilled in place, each against
+    onnxruntime; `after_each(session)` runs after every step. Returns the session."""
     model = _folded_and_runtime_reshape_model(width)
     session = workbench.InferenceSession(model, _options(capture=False))
     oracle = _ort(model)
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     x, fed_shape, past = np.empty((1, width), np.float32), np.array([2, 2], np.int64), np.zeros((1, 0, width), np.float32)
     for run in range(RUNS):
         x[...] = rng.standard_normal((1, width))
@@ -550,6 +548,17 @@ def test_the_plan_report_calls_a_fold_fed_by_an_overwritten_value_a_shape_fold()
         got = session.run(None, feeds)
         _assert_exact(got[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0], run, "present")
         past = got[0]
+        if after_each is not None:
+            after_each(session)
+    return session
+
+
+def test_the_plan_report_calls_a_fold_fed_by_an_overwritten_value_a_shape_fold():
+    """The Div halving the width is written in place over the Gather's buffer: the Gather
+    is left out of the fold and runs every replay, the Div is folded. The report names
+    the elisions after it shape folds (before, the Gather that ran broke the chain, and
+    the Unsqueeze of the Div, a view op, read as Stage 2)."""
+    session = _fold_decode(seed=3)
     executor = session.executor
     by_name = {executor.graph.values[p.outputs[0]].name: p.index for p in executor.plan.nodes}
     assert executor.state.storage.storage[executor.graph.by_name["half"]] == "alias", "the Div runs in place"
@@ -565,25 +574,17 @@ def test_a_shape_fold_that_fails_its_check_is_dropped_and_says_why():
     misjudged value; here one of its copies is altered) is dropped before it serves a
     step, every value stays onnxruntime's, and the memo row of that step names the value
     and both contents: a fold that never serves must not go unnoticed."""
-    width = 4
-    model = _folded_and_runtime_reshape_model(width)
-    session = workbench.InferenceSession(model, _options(capture=False))
-    oracle = _ort(model)
-    rng = np.random.default_rng(5)
-    x, fed_shape, past = np.empty((1, width), np.float32), np.array([2, 2], np.int64), np.zeros((1, 0, width), np.float32)
-    state, altered = session.executor.state, None
-    for run in range(RUNS):
-        x[...] = rng.standard_normal((1, width))
-        feeds = {"x": x, "fed_shape": fed_shape, "past": past}
-        got = session.run(None, feeds)
-        _assert_exact(got[0], oracle.run(None, {k: v.copy() for k, v in feeds.items()})[0], run, "present")
-        past = got[0]
-        fold = state.shape_fold
-        if altered is None and fold is not None and not fold.validated:
-            altered = next(vid for vid in fold.values if session.executor.graph.values[vid].name == "half")
-            fold.values[altered] = fold.values[altered] + 1
-            fold.host[altered] = fold.host[altered] + 1
-    assert altered is not None, "a fold must be built for this to bite"
+    altered = []
+
+    def alter_the_fold_once(session):
+        fold = session.executor.state.shape_fold
+        if not altered and fold is not None and not fold.validated:
+            vid = next(v for v in fold.values if session.executor.graph.values[v].name == "half")
+            fold.values[vid], fold.host[vid] = fold.values[vid] + 1, fold.host[vid] + 1
+            altered.append(vid)
+
+    session = _fold_decode(seed=5, after_each=alter_the_fold_once)
+    assert altered, "a fold must be built for this to bite"
     reasons = session.recording.memo_timeline().reason.tolist()
     dropped = [r for r in reasons if "shape fold dropped" in r]
     assert dropped == ["bindings match the memo; shape fold dropped: 'half' was 3 at the reference step, "
