@@ -233,7 +233,7 @@ class Executor:
 
     def _trace_step(self, rec: Any, step: StepRun, prepared: PreparedStep, phase: str, slot: str,
                     feeds: dict[int, Any], bound: dict[int, Any], replayed: bool, resolve_s: float,
-                    views_reused: int, fold_dropped: str | None = None) -> None:
+                    views_reused: int, fold_dropped: str | None) -> None:
         """The step's memo, liveness and io_buffers rows (`StepTrace`); `fold_dropped`:
         why the shape fold failed its check this step, added to the memo row's reason."""
         trace, state = self.step_trace, step.state

@@ -172,9 +172,8 @@ SHAPE_ARITHMETIC = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast"
 SHAPE_FOLD_MAX_ELEMENTS = 1024
 
 
-def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any,
-                     values: list | None = None, varying: frozenset = frozenset(),
-                     overwritten: frozenset = frozenset()) -> frozenset[int]:
+def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any, *,
+                     values: list, varying: frozenset, overwritten: frozenset) -> frozenset[int]:
     """Plan indices of the shape arithmetic whose values, under a memo replay, equal
     the reference step's: Shape/Size of a value whose shape names no varying symbol
     (and is resolved), or a Shape whose start/end take only dims that name none (a
@@ -195,7 +194,7 @@ def shape_fold_nodes(plan: Any, shapes: dict, invariant: dict, initializers: Any
             src = p.inputs[0] if p.inputs else -1
             if src < 0 or shapes.get(src) is None:
                 continue
-            if src not in invariant and not (values is not None and node.op_type == "Shape"
+            if src not in invariant and not (node.op_type == "Shape"
                                              and _sliced_dims_fixed(node, values[src].shape, varying)):
                 continue
         elif node.op_type in SHAPE_ARITHMETIC:

@@ -492,12 +492,14 @@ class StepPreparer:
     def _shape_fold_after_run(self, state: SlotState, action: str) -> str | None:
         """After a rebuild, keep the shape arithmetic `shape_fold_nodes` finds (private
         copies of its values); on the next replay, compare it with what the kernels
-        computed, and trust it only if every value matched."""
+        computed, and trust it only if every value matched; returns why it was dropped
+        there, naming the first value that differed."""
         arrays = self.arrays
         if action == "rebuilt" and self.options.graph_optimization_level in ("extended", "all"):
             memo = state.memo
             nodes = shape_fold_nodes(self.plan, state.shapes, memo.invariant, self.graph.initializers,
-                                     self.graph.values, memo.varying, overwritten_in_place(state.storage))
+                                     values=self.graph.values, varying=memo.varying,
+                                     overwritten=overwritten_in_place(state.storage))
             outputs = [o for k in nodes for o in self.plan.nodes[k].outputs if o >= 0]
             if nodes and all(arrays[o] is not None for o in outputs):
                 to_host, from_host = self.backend.to_host, self.backend.from_host
@@ -547,11 +549,10 @@ class StepPreparer:
             rec.node(p.index, "elided", 0.0)
 
 
-__all__ = ["Dispatch", "PreparedStep", "StepPreparer", "bound_signature", "plain_call"]
-
-
 def _short(value: Any, limit: int = 48) -> str:
     """A shape-fold value as a memo row names it: its elements, cut at `limit` characters."""
     text = str(np.asarray(value).tolist())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
+
+__all__ = ["Dispatch", "PreparedStep", "StepPreparer", "bound_signature", "plain_call"]

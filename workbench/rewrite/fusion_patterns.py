@@ -37,11 +37,11 @@ PATTERN_RULES = [fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_silu]
 def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended",
                       outer: Callable[[str], np.ndarray | None] | None = None) -> list[Rewrite]:
     """The pattern rules inside If / Loop / Scan bodies (optimum's merged decoder holds
-    the whole model in an If), after `identity_ops`' rule there. A body is copied before it is edited (the loaded graph
-    stays as it was) and the node given the copy. Its constants are mostly the
-    enclosing graph's initializers, read by name: a name resolves in the nearest scope
-    that defines it, and only an initializer there counts as a constant. A Constant
-    node a fusion leaves unread is dropped with it."""
+    the whole model in an If), after `identity_ops`' rule there. A body is copied
+    before it is edited (the loaded graph stays as it was) and the node given the copy.
+    Its constants are mostly the enclosing graph's initializers, read by name: a name
+    resolves in the nearest scope that defines it, and only an initializer there counts
+    as a constant. A Constant node a fusion leaves unread is dropped with it."""
 
     def rewrite_body(copy: Graph, here, consts: dict) -> list[Rewrite]:
         read_before = read_values(copy)

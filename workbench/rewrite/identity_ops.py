@@ -30,6 +30,7 @@ from .graph_edit import Rewrite, is_plain, readers
 
 
 def drop_identity_ops(graph: Graph) -> list[Rewrite]:
+    """Remove from `graph` every node `_hands_on` accepts, its readers rewired to its input."""
     outputs = set(graph.outputs)
     read_by = readers(graph)
     through: dict[int, int] = {}  # a removed node's output -> the value it handed on
