@@ -98,6 +98,34 @@ def test_fixed_kv_buffers_never_move():
     assert len(seen) == 6 and len(set(seen)) == 1 and len(seen[0]) == 2 * 2  # 2 layers x key/value
 
 
+def test_the_growing_attention_mask_is_fed_from_one_row_of_ones():
+    """Each step's mask is all ones, one longer than the last, at one address (a prefix of
+    a row kept by the Generator) until the row must grow; the logits returned for every
+    step stay as they were when later steps ran (they are the session's own copies)."""
+    ours, peer = _sessions("llama-genai")
+    seen = []
+    original = ours.run_with_iobinding
+
+    def spy(binding, run_options=None):
+        mask = binding.inputs["attention_mask"]
+        seen.append((mask.ctypes.data, mask.shape, bool((mask == 1).all())))
+        original(binding, run_options)
+
+    ours.run_with_iobinding = spy
+    got = Generator(ours).generate(LONG_PROMPT, 80, kv="fixed", progress=False, return_logits=True,
+                                   eos_token_id=-1)
+    want = Generator(peer).generate(LONG_PROMPT, 80, kv="fixed", progress=False, return_logits=True,
+                                    eos_token_id=-1)
+    assert got.tokens == want.tokens
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+    assert [shape for _, shape, _ in seen] == [(1, len(LONG_PROMPT) + k) for k in range(80)]
+    assert all(ones for _, _, ones in seen)
+    addresses = [address for address, _, _ in seen]
+    moves = [k for k in range(1, len(addresses)) if addresses[k] != addresses[k - 1]]
+    assert len(moves) <= 2 and (not moves or moves[0] > 20), moves  # the row grows by doubling
+
+
 def test_eos_stops_generation():
     ours, _ = _sessions("gpt2")
     first = Generator(ours).generate(SHORT_PROMPT, 8, progress=False, eos_token_id=-1)

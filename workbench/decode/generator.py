@@ -87,6 +87,8 @@ class Generator:
         #: positions the model has rotary/learned embeddings for, when it says
         self.max_positions: int | None = config.get("max_positions")
         self._feed_buffers: dict[tuple, np.ndarray] = {}
+        #: (input, dtype) -> a row of ones the attention mask is fed as a prefix of
+        self._ones: dict[tuple, Any] = {}
         #: arrays the loop keeps (KV cache, staged inputs) live where the session computes
         self.xp = session.backend.xp if is_workbench_session(session) else np
         #: host -> device staging: a device array is written with the backend's H2D copy
@@ -251,6 +253,16 @@ class Generator:
         _to_buffer(self._backend, buf, values)
         return buf
 
+    def _mask(self, name: str, length: int, dtype: Any) -> Any:
+        """An all-ones attention mask of `length`: a prefix view of one row of ones kept
+        per input (grown by doubling), so the mask that grows every step stays at one
+        address and costs no fill; sessions only read their feeds."""
+        key = (name, np.dtype(dtype).str)
+        ones = self._ones.get(key)
+        if ones is None or ones.shape[1] < length:
+            ones = self._ones[key] = self.xp.ones((1, max(2 * length, 64)), dtype)
+        return ones[:, :length]
+
     def _record_token(self, token: int, position: int) -> None:
         """Note the chosen token beside the step that produced it (in the recording of the
         session that ran it), for the widgets; a pair of graphs also notes which ran."""
@@ -281,8 +293,7 @@ class Generator:
         n, past_len = len(tokens), cache.length
         feeds: dict[str, np.ndarray] = {io.input_ids: self._staged(io.input_ids, [tokens], io.dtypes[io.input_ids])}
         if io.attention_mask:
-            feeds[io.attention_mask] = self._staged(io.attention_mask, np.ones((1, past_len + n)),
-                                                    io.dtypes[io.attention_mask])
+            feeds[io.attention_mask] = self._mask(io.attention_mask, past_len + n, io.dtypes[io.attention_mask])
         if io.position_ids:
             feeds[io.position_ids] = self._staged(io.position_ids, np.arange(past_len, past_len + n)[None, :],
                                                   io.dtypes[io.position_ids])
@@ -299,7 +310,9 @@ class Generator:
         self._ran = session
         out = run_step(session, feeds, bound, wanted, phase, slot)
         cache.advance(n, out, presents)
-        return np.asarray(out[io.logits])[0].astype(np.float32, copy=True)
+        # a workbench session's outputs are the caller's, no later run writes them
+        # (`InferenceSession._output`): float32 logits are kept as they come
+        return np.asarray(out[io.logits])[0].astype(np.float32, copy=self._backend is None)
 
 
 def _shares_kv_buffers(io: DecodeInterface, session: Any) -> bool:

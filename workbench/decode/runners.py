@@ -21,9 +21,11 @@ def run_step(session: Any, feeds: dict[str, np.ndarray], bound_outputs: dict[str
     """Run one step; `bound_outputs` are written in place, `wanted` are returned."""
     ours = is_workbench_session(session)
     if ours:
-        from ..session import RunOptions  # noqa: PLC0415 - decode sits above session
+        run_options = _RUN_OPTIONS.get((phase, slot))
+        if run_options is None:
+            from ..session import RunOptions  # noqa: PLC0415 - decode sits above session
 
-        run_options = RunOptions(phase=phase, slot=slot)
+            run_options = _RUN_OPTIONS[phase, slot] = RunOptions(phase=phase, slot=slot)
     if not bound_outputs:
         if ours:
             return dict(zip(wanted, session.run(wanted, feeds, run_options)))
@@ -112,6 +114,9 @@ def _same_outputs(now: tuple, then: tuple) -> bool:
     return len(now) == len(then) and all(
         n == m and a is b and (a is None or a.shape == b.shape) for (n, a), (m, b) in zip(now, then))
 
+
+#: (phase, slot) -> the RunOptions saying so (read, never written, by the session)
+_RUN_OPTIONS: dict[tuple[str, str], Any] = {}
 
 #: session -> its kept binding (gone with the session)
 _BINDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
