@@ -29,8 +29,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ops import registry
-from .graph_edit import Rewrite
+from .graph_edit import Rewrite, in_bodies
 from .kernel_info import node_info
+from .unused_initializers import drop_unused_initializers
 
 #: ops whose value is not a function of their inputs
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -58,6 +59,23 @@ def fold_constants(graph: Graph) -> list[Rewrite]:
                                 sum(a.nbytes for a in folded.values())))
     graph.nodes = kept
     return rewrites
+
+
+def fold_constants_in_bodies(graph: Graph) -> list[Rewrite]:
+    """The rule inside every If / Loop / Scan body, nested ones too (on copies: the
+    loaded graph stays as it was). A body's Constant nodes, and the nodes reading only
+    them, become that body's initializers; a body re-runs them every time it runs
+    (optimum's merged decoder holds the whole model in an If: GPT-2's branch has 220
+    Constant nodes). A value a body reads from an enclosing scope is not one of its
+    initializers, so nothing reading one folds."""
+
+    def rewrite_body(copy: Graph, here, consts: dict) -> list[Rewrite]:
+        found = fold_constants(copy)
+        if found:  # what only the folded nodes read (a chain's first links), as at the top level
+            found += drop_unused_initializers(copy, None)
+        return found + in_bodies(copy, here, rewrite_body)
+
+    return in_bodies(graph, None, rewrite_body)
 
 
 def _foldable(graph: Graph, node: Node, outputs: set[int]) -> bool:

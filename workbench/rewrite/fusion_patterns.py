@@ -41,7 +41,9 @@ def fuse_in_subgraphs(graph: Graph, release: dict | None, level: str = "extended
     before it is edited (the loaded graph stays as it was) and the node given the copy.
     Its constants are mostly the enclosing graph's initializers, read by name: a name
     resolves in the nearest scope that defines it, and only an initializer there counts
-    as a constant. A Constant node a fusion leaves unread is dropped with it."""
+    as a constant; and its own, which `constant_folding` made of its Constant nodes. A
+    Constant node a fusion leaves unread is dropped with it (a body initializer is, by
+    the rule that fused, as at the top level)."""
 
     def rewrite_body(copy: Graph, here, consts: dict) -> list[Rewrite]:
         read_before = read_values(copy)

@@ -234,7 +234,8 @@ def copy_graph(graph: Graph) -> Graph:
 def in_bodies(graph: Graph, outer: Lookup | None, rewrite: BodyRewrite) -> list[Rewrite]:
     """`rewrite` run on a copy of every If / Loop / Scan body of `graph`; a node whose
     body changed gets the copy (the loaded graph stays as it was). A body's constants
-    are its Constant nodes and the enclosing graphs' initializers it reads by name (a
+    are its initializers (what `constant_folding` made of its Constant nodes, say), its
+    Constant nodes and the enclosing graphs' initializers it reads by name (a
     name resolves in the nearest scope that defines it; only an initializer there is a
     constant)."""
 
@@ -252,6 +253,7 @@ def in_bodies(graph: Graph, outer: Lookup | None, rewrite: BodyRewrite) -> list[
         for attr, body in node.subgraphs.items():
             copy = copy_graph(body)
             consts = {vid: a for vid in body.outer_inputs if (a := here(body.values[vid].name)) is not None}
+            consts.update(body.initializers)
             consts.update({n.outputs[0]: n.attrs["value"] for n in body.nodes
                            if n.op_type == "Constant" and not n.domain and len(n.outputs) == 1
                            and isinstance(n.attrs.get("value"), np.ndarray)})

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..ir.graph import Graph
 from .branch_weights import BranchRules, rewrite_branch_weights
-from .constant_folding import fold_constants
+from .constant_folding import fold_constants, fold_constants_in_bodies
 from .dead_nodes import drop_dead_nodes
 from .fusion import fuse, fuse_sibling_matmuls
 from .graph_edit import Rewrite, copy_graph
@@ -71,7 +71,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
     if check_level(level) == "disabled":
         return graph, notes
     out = copy_graph(graph)
-    rewrites = notes + fold_constants(out)
+    rewrites = notes + fold_constants(out) + fold_constants_in_bodies(out)
     rewrites += drop_identity_ops(out)
     rewrites += drop_dead_nodes(out)
     rewrites += drop_unread_outputs(out)
