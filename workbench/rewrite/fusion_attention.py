@@ -57,8 +57,8 @@ What is checked, so the fused node computes the same value:
   heads are Hkv * r.
 
 If / Loop / Scan bodies are searched too, on copies (optimum's merged decoder holds the
-whole model in an If), with the enclosing scopes' initializers and the body's Constant
-nodes as constants. Tests: tests/rewrite/test_fusion_attention.py (differential against
+whole model in an If), with the enclosing scopes' initializers and the body's own
+initializers and Constant nodes as constants. Tests: tests/rewrite/test_fusion_attention.py (differential against
 onnxruntime, greedy tokens, blocked chains).
 """
 
