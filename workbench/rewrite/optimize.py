@@ -9,7 +9,8 @@ docstring says what it rewrites and why the values stay the same):
   ``unread_output``, ``unused_initializer``;
 - level ``all``: ``nbits_dequantized`` (before the MatMul rules, which then take those
   products as a float model's);
-- levels ``extended`` and ``all``: the fusion rules, in `fusion.RULES`' order;
+- levels ``extended`` and ``all``: ``layout_round_trip``, then the fusion rules, in
+  `fusion.RULES`' order;
 - level ``all``: ``matvec_threads`` (cpu), ``matvec_layout``;
 - levels ``extended`` and ``all``: the weight rules again inside If branches
   (``branch_weights``);
@@ -38,6 +39,7 @@ from .fusion import fuse, fuse_sibling_matmuls
 from .graph_edit import Rewrite, copy_graph
 from .huge_pages import WeightArena, huge_pages_available, move_matvec_weights, placing_weights
 from .identity_ops import drop_identity_ops
+from .layout_round_trips import drop_layout_round_trips
 from .matvec_layout import relay_matvec_weights
 from .matvec_threads import pad_for_threads
 from .nbits_dequantized import dequantize_nbits_weights
@@ -84,6 +86,7 @@ def optimize(graph: Graph, level: str, *, release: bool = False, backend: str = 
             rewrites += dequantize_nbits_weights(out)
             rewrites += drop_unused_initializers(out, released)  # the packed weights they read
         if level in ("extended", "all"):
+            rewrites += drop_layout_round_trips(out)  # first: what is left may be a chain a fusion knows
             rewrites += fuse(out, released, level)
         if level == "all":
             if backend == "cpu":  # numpy's BLAS threading; cuBLAS has no such threshold
