@@ -71,7 +71,8 @@ class LoadNote:
     reads it; ``shape_inference_failed``: ONNX shape inference stopped, with why, so the
     values past that point have no static dtype or shape and are resolved at run time;
     ``shape_inference_incomplete``: it went through but left some nodes' outputs untyped,
-    an op it has no schema for),
+    an op it has no schema for; ``value_info_dropped``: value_info entries contradicting
+    the initializers they name, dropped before inference),
     the nodes it concerns, and what was concluded."""
 
     rule: str

@@ -300,8 +300,9 @@ def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
 
     A domain the nodes use but the model does not import is imported as version 1
     (onnxruntime reads it so: `optimize_model` at opt_level 0 writes com.microsoft nodes
-    without the import); where shape inference fails, it is run again past the failure
-    (best effort). Both are appended to `notes`, never silent."""
+    without the import); a value_info entry contradicting the initializer it names is
+    dropped; where shape inference fails, it is run again past the failure (best
+    effort). Each is appended to `notes`, never silent."""
     weights = {} if weights is None else weights
     notes = [] if notes is None else notes
     if proto.functions:
@@ -310,6 +311,7 @@ def prepare(proto: onnx.ModelProto, weights: dict[str, np.ndarray] | None = None
         except Exception as e:  # noqa: BLE001 - the inliner raises assorted C++ errors
             raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
     _import_used_domains(proto, notes)
+    _drop_contradicting_value_info(proto, notes)
     _set_weights_aside(proto, weights)
     # onnx's data propagation keys values by name across the model's graphs: subgraph
     # names are made unique for inference and given back after (`scoped_names`)
@@ -373,6 +375,41 @@ def _import_used_domains(proto: onnx.ModelProto, notes: list[LoadNote]) -> None:
             ops=tuple(n.op_type for n in nodes),
             detail=f"domain {domain!r} is used by {len(nodes)} node(s) but not imported; read as version 1 "
                    "(as onnxruntime does)"))
+
+
+def _drop_contradicting_value_info(proto: onnx.ModelProto, notes: list[LoadNote]) -> None:
+    """Drop the main graph's value_info entries that name an initializer and contradict it
+    (another element type, rank or dim): the initializer's tensor is the value, as
+    onnxruntime takes it. onnxruntime's optimizer has written a scale initializer of dims
+    [1] with a scalar value_info; onnx's inference stops at the contradiction, leaving
+    everything downstream untyped (no fusion can read those values' dtypes)."""
+    initializers = {t.name: t for t in proto.graph.initializer}
+    wrong = [v for v in proto.graph.value_info
+             if v.name in initializers and _contradicts(v, initializers[v.name])]
+    if not wrong:
+        return
+    names = {v.name for v in wrong}
+    kept = [v for v in proto.graph.value_info if v.name not in names]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept)
+    listed = ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
+    notes.append(LoadNote(
+        rule="value_info_dropped", nodes=(), ops=(),
+        detail=f"value_info of {len(names)} initializer(s) contradicted the initializer itself ({listed}); "
+               "dropped: the initializer's own dtype and dims stand, as in onnxruntime"))
+
+
+def _contradicts(info: onnx.ValueInfoProto, tensor: onnx.TensorProto) -> bool:
+    if not info.type.HasField("tensor_type"):
+        return True  # an initializer is a tensor
+    declared = info.type.tensor_type
+    if declared.elem_type and declared.elem_type != tensor.data_type:
+        return True
+    if not declared.HasField("shape"):
+        return False
+    dims = declared.shape.dim
+    return len(dims) != len(tensor.dims) or any(
+        d.HasField("dim_value") and d.dim_value != n for d, n in zip(dims, tensor.dims))
 
 
 def _inference_note(e: Exception) -> LoadNote:
