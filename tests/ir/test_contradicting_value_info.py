@@ -1,6 +1,7 @@
-"""A value_info entry that contradicts the initializer it names (onnxruntime's optimizer
-writes a scale initializer of dims [1] with a scalar value_info): dropped at load, with a
-note, so ONNX shape inference types everything downstream instead of stopping there.
+"""A value_info entry that contradicts the tensor it names (onnxruntime's optimizer writes a
+scale initializer of dims [1] with a scalar value_info; onnxruntime-genai's builder a
+Constant [1] declared as a scalar): dropped at load, with a note, so ONNX shape inference
+types everything downstream instead of stopping there.
 
 Differential: eight runs on one input buffer whose contents change, against onnxruntime
 (which takes the initializer's own shape too)."""
@@ -8,6 +9,7 @@ Differential: eight runs on one input buffer whose contents change, against onnx
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_session
 
@@ -16,14 +18,18 @@ import workbench
 SHAPE = (2, 4, 8)
 
 
-def _model(declared_rank: int):
-    """x * scale -> Softmax -> Mul(2) -> y, with scale [1] declared by value_info as rank
-    `declared_rank` (0 contradicts it, 1 agrees)."""
+def _model(declared_rank: int, source: str = "initializer"):
+    """x * scale -> Softmax -> Mul(2) -> y, with scale [1] (an initializer, or a Constant
+    node's value) declared by value_info as rank `declared_rank` (0 contradicts it, 1 agrees)."""
+    scale = numpy_helper.from_array(np.array([0.25], np.float32), "scale")
     nodes = [helper.make_node("Mul", ["x", "scale"], ["scaled"]),
              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
              helper.make_node("Mul", ["probs", "two"], ["y"])]
-    inits = [numpy_helper.from_array(np.array([0.25], np.float32), "scale"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    if source == "initializer":
+        inits.append(scale)
+    else:
+        nodes.insert(0, helper.make_node("Constant", [], ["scale"], value=scale))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
                               value_info=[helper.make_tensor_value_info("scale", TensorProto.FLOAT,
@@ -44,8 +50,9 @@ def _runs(model):
     return session
 
 
-def test_a_value_info_contradicting_its_initializer_is_dropped_and_inference_goes_through():
-    session = _runs(_model(declared_rank=0))
+@pytest.mark.parametrize("source", ["initializer", "constant"])
+def test_a_value_info_contradicting_its_tensor_is_dropped_and_inference_goes_through(source):
+    session = _runs(_model(declared_rank=0, source=source))
     notes = session.recording.rewrites().query("kept")
     assert notes.rule.tolist() == ["value_info_dropped"]
     assert "scale" in notes.result.iloc[0]
@@ -55,6 +62,7 @@ def test_a_value_info_contradicting_its_initializer_is_dropped_and_inference_goe
         assert (v.dtype, v.shape) == (np.float32, SHAPE), name
 
 
-def test_a_value_info_agreeing_with_its_initializer_stays_without_a_note():
-    session = _runs(_model(declared_rank=1))
+@pytest.mark.parametrize("source", ["initializer", "constant"])
+def test_a_value_info_agreeing_with_its_tensor_stays_without_a_note(source):
+    session = _runs(_model(declared_rank=1, source=source))
     assert session.recording.rewrites().query("kept").empty

@@ -72,7 +72,7 @@ class LoadNote:
     values past that point have no static dtype or shape and are resolved at run time;
     ``shape_inference_incomplete``: it went through but left some nodes' outputs untyped,
     an op it has no schema for; ``value_info_dropped``: value_info entries contradicting
-    the initializers they name, dropped before inference),
+    the initializer or Constant they name, dropped before inference),
     the nodes it concerns, and what was concluded."""
 
     rule: str

@@ -378,14 +378,20 @@ def _import_used_domains(proto: onnx.ModelProto, notes: list[LoadNote]) -> None:
 
 
 def _drop_contradicting_value_info(proto: onnx.ModelProto, notes: list[LoadNote]) -> None:
-    """Drop the main graph's value_info entries that name an initializer and contradict it
-    (another element type, rank or dim): the initializer's tensor is the value, as
-    onnxruntime takes it. onnxruntime's optimizer has written a scale initializer of dims
-    [1] with a scalar value_info; onnx's inference stops at the contradiction, leaving
-    everything downstream untyped (no fusion can read those values' dtypes)."""
-    initializers = {t.name: t for t in proto.graph.initializer}
-    wrong = [v for v in proto.graph.value_info
-             if v.name in initializers and _contradicts(v, initializers[v.name])]
+    """Drop the main graph's value_info entries that contradict the tensor they name (an
+    initializer, or a Constant node's `value`: another element type, rank or dim): that
+    tensor is the value, as onnxruntime takes it. onnxruntime's optimizer has written a
+    scale initializer of dims [1] with a scalar value_info, and onnxruntime-genai's builder
+    a Constant [1] declared as a scalar; onnx's inference stops at the contradiction,
+    leaving everything after it untyped (no fusion can read those values' dtypes)."""
+    tensors = {t.name: t for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            if value is not None:
+                tensors[node.output[0]] = value
+    wrong = [v for v in proto.graph.value_info if v.name in tensors and _contradicts(v, tensors[v.name])]
     if not wrong:
         return
     names = {v.name for v in wrong}
@@ -395,13 +401,13 @@ def _drop_contradicting_value_info(proto: onnx.ModelProto, notes: list[LoadNote]
     listed = ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
     notes.append(LoadNote(
         rule="value_info_dropped", nodes=(), ops=(),
-        detail=f"value_info of {len(names)} initializer(s) contradicted the initializer itself ({listed}); "
-               "dropped: the initializer's own dtype and dims stand, as in onnxruntime"))
+        detail=f"value_info of {len(names)} value(s) contradicted the initializer or Constant that is the value "
+               f"({listed}); dropped: that tensor's own dtype and dims stand, as in onnxruntime"))
 
 
 def _contradicts(info: onnx.ValueInfoProto, tensor: onnx.TensorProto) -> bool:
     if not info.type.HasField("tensor_type"):
-        return True  # an initializer is a tensor
+        return True  # the value is a tensor
     declared = info.type.tensor_type
     if declared.elem_type and declared.elem_type != tensor.data_type:
         return True

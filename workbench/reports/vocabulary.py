@@ -148,9 +148,9 @@ GLOSSARY: dict[str, str] = {
                               "values past it get their dtype and shape at run time",
     "shape_inference_incomplete": "load-time fact: ONNX shape inference left some nodes' outputs untyped (an op "
                                   "it has no schema for); those values get their dtype and shape at run time",
-    "value_info_dropped": "load-time fact: value_info entries that contradicted the initializers they name "
-                          "(another dtype, rank or dim) were dropped before shape inference; the initializer "
-                          "itself stands, as in onnxruntime",
+    "value_info_dropped": "load-time fact: value_info entries that contradicted the initializer or Constant "
+                          "they name (another dtype, rank or dim) were dropped before shape inference; that "
+                          "tensor itself stands, as in onnxruntime",
     "replayed": "mode replayed: the node ran inside a captured device graph's replay (no dispatch)",
     "eager": "mode eager: the node was dispatched on its own, one kernel launch",
     "seam": "an eager node between captured segments; every seam has a decline reason",
