@@ -21,7 +21,6 @@ import workbench
 from workbench import SessionOptions
 
 SHAPE = (2, 3, 8)
-I64 = TensorProto.INT64
 
 
 def _ints(name: str, values: list[int]):

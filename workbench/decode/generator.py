@@ -15,8 +15,8 @@ import numpy as np
 from .interface import DecodeInterface, DecodeInterfaceError, KvTensor, check, discover, graph_evidence
 from .runners import is_workbench_session, model_metadata, model_op_types, run_step
 
-#: staged input buffers kept (by input and shape); a growing mask would otherwise
-#: leave one behind per step
+#: staged input buffers kept (by input and shape); a feed whose shape changes (a verify
+#: step's tokens and positions) would otherwise leave one behind per shape
 MAX_STAGED_BUFFERS = 16
 
 #: attention ops that read past and write present in one fixed-capacity buffer
@@ -247,7 +247,7 @@ class Generator:
         buf = self._feed_buffers.pop(key, None)
         if buf is None:
             buf = self.xp.empty(values.shape, values.dtype)
-            if len(self._feed_buffers) >= MAX_STAGED_BUFFERS:  # e.g. a mask that grows every step
+            if len(self._feed_buffers) >= MAX_STAGED_BUFFERS:  # e.g. positions of a new length
                 del self._feed_buffers[next(iter(self._feed_buffers))]  # least recently used
         self._feed_buffers[key] = buf  # most recently used last
         _to_buffer(self._backend, buf, values)

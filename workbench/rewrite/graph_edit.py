@@ -134,6 +134,14 @@ def drop_orphans(graph: Graph, rewrites: list[Rewrite], release: dict | None,
     return rewrites
 
 
+def rewired(node: Node, through: dict[int, int]) -> Node:
+    """`node` reading `through[v]` wherever it read a value `v` that `through` maps (a
+    removed node's output -> the value its readers read instead)."""
+    if not any(v in through for v in node.inputs):
+        return node
+    return dataclasses.replace(node, inputs=tuple(through.get(v, v) for v in node.inputs))
+
+
 def producers(graph: Graph) -> dict[int, Node]:
     return {o: n for n in graph.nodes for o in n.outputs if o >= 0}
 

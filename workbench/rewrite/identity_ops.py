@@ -20,13 +20,11 @@ business, decided from the rewritten graph as from any other.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ..dtypes import numpy_dtype
 from ..ir.graph import Graph, Node
-from .graph_edit import Rewrite, is_plain, readers
+from .graph_edit import Rewrite, is_plain, readers, rewired
 
 
 def drop_identity_ops(graph: Graph) -> list[Rewrite]:
@@ -48,7 +46,7 @@ def drop_identity_ops(graph: Graph) -> list[Rewrite]:
         while source in through:
             source = through[source]
         through[out] = source
-    graph.nodes = [_rewired(n, through) for n in kept]
+    graph.nodes = [rewired(n, through) for n in kept]
     return rewrites
 
 
@@ -71,8 +69,3 @@ def _cast_target(node: Node) -> np.dtype | None:
     except (KeyError, ValueError, TypeError):  # no or no valid `to`: the kernel says so at run time
         return None
 
-
-def _rewired(node: Node, through: dict[int, int]) -> Node:
-    if not any(v in through for v in node.inputs):
-        return node
-    return dataclasses.replace(node, inputs=tuple(through.get(v, v) for v in node.inputs))

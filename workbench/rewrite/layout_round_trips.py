@@ -31,7 +31,7 @@ from collections import Counter
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from .graph_edit import Rewrite, is_plain, readers
+from .graph_edit import Rewrite, is_plain, readers, rewired
 
 
 def drop_layout_round_trips(graph: Graph) -> list[Rewrite]:
@@ -59,7 +59,7 @@ def _one_pass(graph: Graph) -> list[Rewrite]:
             continue
         if second.op_type == "Reshape":
             if _restores(graph, first, second) and _rewirable(result, outputs, read_by):
-                return _bypass(graph, (first, second), first.inputs[0], result, "")
+                return _bypass(graph, (first, second), first.inputs[0], result)
         else:
             edit = _merged_transposes(graph, first, second, outputs, read_by)
             if edit is not None:
@@ -72,18 +72,12 @@ def _rewirable(vid: int, outputs: set, read_by: dict) -> bool:
     return vid not in outputs and all(pos >= 0 for _, pos in read_by.get(vid, []))
 
 
-def _bypass(graph: Graph, removed: tuple[Node, ...], source: int, result: int, kept: str) -> list[Rewrite]:
+def _bypass(graph: Graph, removed: tuple[Node, ...], source: int, result: int) -> list[Rewrite]:
     """`removed` leave the graph; readers of `result` read `source` instead."""
     gone = {id(n) for n in removed}
-    graph.nodes = [_rewired(n, result, source) for n in graph.nodes if id(n) not in gone]
+    graph.nodes = [rewired(n, {result: source}) for n in graph.nodes if id(n) not in gone]
     return [Rewrite("layout_round_trip", tuple(n.name for n in removed), tuple(n.op_type for n in removed),
-                    kept, len(removed) - bool(kept), 0)]
-
-
-def _rewired(node: Node, old: int, new: int) -> Node:
-    if old not in node.inputs:
-        return node
-    return dataclasses.replace(node, inputs=tuple(new if v == old else v for v in node.inputs))
+                    "", len(removed), 0)]
 
 
 # -- Reshape pairs ------------------------------------------------------------------------
@@ -160,7 +154,7 @@ def _merged_transposes(graph: Graph, first: Node, second: Node, outputs: set,
     if perm == list(range(len(perm))):
         if not _rewirable(second.outputs[0], outputs, read_by):
             return None
-        return _bypass(graph, (first, second), x, second.outputs[0], "")
+        return _bypass(graph, (first, second), x, second.outputs[0])
     merged = dataclasses.replace(second, inputs=(x,), attrs={**second.attrs, "perm": perm})
     graph.nodes = [merged if n is second else n for n in graph.nodes if n is not first]
     return [Rewrite("layout_round_trip", (first.name, second.name), ("Transpose", "Transpose"),
