@@ -1,18 +1,20 @@
-"""Cost of tracing: per-token decode latency with the Recording on vs off, small exports.
+"""Cost of tracing: per-token decode latency with the Recording off, full and lean.
 
 For each small export (workbench's llama in both op flavours, onnxruntime-genai's
-builder layout, optimum's merged decoder) prints the trace-off and trace-on decode
-latency (the median step over interleaved rounds), the overhead two ways, and
-"outside kernels": the share of a traced decode step's wall time not spent inside a
+builder layout, optimum's merged decoder) prints the decode latency (the median step
+over interleaved rounds) untraced, traced in full, and traced lean (without the memory
+tables: liveness, io_buffers, views, buffer events, aliases, materializations;
+`SessionOptions(trace_memory=False)`); each traced form's overhead; and "outside
+kernels": the share of a fully traced decode step's wall time not spent inside a
 node's kernel (eager node or replayed segment), i.e. the executor's own per-step
 work: preparing the step, memo and capture bookkeeping, dispatch, and recording.
 
-The overhead: "pooled", the ratio of the two medians over all rounds' steps; and
-"paired", the median over rounds of each round's ratio (its traced decode's median
-step over its untraced one's), with a 90% bootstrap interval. On these shared 2-core
-machines a whole round often runs slower than the next (a neighbour's load, the
-memory bandwidth of the moment), which moves the pooled ratio by several points from
-run to run; the paired one compares decodes that ran back to back.
+The overhead is "paired": the median over rounds of each round's ratio (its traced
+decode's median step over its untraced one's), with a 90% bootstrap interval. On
+these shared 2-core machines a whole round often runs slower than the next (a
+neighbour's load, the memory bandwidth of the moment), which moves a ratio of pooled
+medians by several points from run to run; the paired one compares decodes that ran
+back to back.
 
 Each export is loaded into several sessions (`--sessions`), and the rounds go round
 them in turn: one session's overhead depends on where its weights and buffers landed
@@ -74,19 +76,26 @@ def open_sessions(source, count: int) -> list[tuple[workbench.InferenceSession, 
             for _ in range(count)]
 
 
-def decode(pair, tokens: int, traced: bool) -> tuple[list[float], float]:
+def decode(pair, tokens: int, mode: str) -> tuple[list[float], float]:
     """(the decode steps' wall times in s, median share of a decode step outside kernels;
-    nan untraced), for one generation: in a fresh recording, or with the trace stopped.
-    Each starts from a collected heap, so neither pays for garbage the other left."""
+    nan untraced), for one generation: `mode` "off" with the trace stopped, "full" in a
+    fresh recording, "lean" in a fresh one without the memory tables
+    (`SessionOptions.trace_memory` off). Each starts from a collected heap, so no mode
+    pays for garbage another left."""
     session, prefill = pair
     for s in (session, prefill):
-        if s is not None:
-            s.new_recording() if traced else s.stop_recording()
+        if s is None:
+            continue
+        if mode == "off":
+            s.stop_recording()
+        else:
+            s.options.trace_memory = mode == "full"  # read by new_recording
+            s.new_recording()
     gc.collect()
     result = Generator(session, prefill=prefill).generate(PROMPT, tokens, progress=False,
                                                           eos_token_id=-1)
     steps = result.step_times[2:]  # the prefill and the first (re-planning) step left out
-    return steps, outside_kernels(session.recording) if traced else float("nan")
+    return steps, outside_kernels(session.recording) if mode != "off" else float("nan")
 
 
 def paired_overhead(rounds: list[list[tuple[float, float]]], draws: int = 2000) -> tuple[float, float, float]:
@@ -113,6 +122,9 @@ def outside_kernels(rec: workbench.Recording) -> float:
     return statistics.median(shares) if shares else float("nan")
 
 
+TRACED = ("full", "lean")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=32)
@@ -122,35 +134,43 @@ def main() -> None:
     parser.add_argument("--only", default="", help="exports whose name contains this")
     args = parser.parse_args()
     print(f"per-token decode latency, {args.tokens} tokens: the median decode step of {args.rounds} "
-          f"interleaved rounds in each of {args.sessions} sessions, each its trace on and off in turn "
-          "(the same weights and buffers both ways; the order flips each round, so drift and a noisy "
-          "neighbour weigh alike); per session: the lowest and highest session's paired median; "
-          "outside kernels: share of a traced decode step (median) not inside a node's kernel")
+          f"interleaved rounds in each of {args.sessions} sessions, each its trace off, full and lean in turn "
+          "(the same weights and buffers every way; the order rotates each round, so drift and a noisy "
+          "neighbour weigh alike); full: every table; lean: without the memory tables "
+          "(SessionOptions(trace_memory=False)); per session: the lowest and highest session's paired "
+          "median; outside kernels: share of a fully traced decode step (median) not inside a node's kernel")
     rows = real_exports(args.exports, args.only) if args.exports else exports()
-    print(f"{'model':<20}{'trace off ms':>14}{'trace on ms':>13}{'pooled':>9}{'paired [90% interval]':>27}"
-          f"{'per session':>16}{'outside kernels':>17}")
+    print(f"{'model':<28}{'off ms':>8}{'full ms':>9}{'lean ms':>9}{'full: paired [90% interval]':>31}"
+          f"{'per session':>16}{'lean: paired [90% interval]':>31}{'outside kernels':>17}")
     for label, data in rows:
         sessions = open_sessions(data, args.sessions)
-        steps: dict[bool, list[float]] = {False: [], True: []}
-        rounds: list[list[tuple[float, float]]] = [[] for _ in sessions]
+        steps: dict[str, list[float]] = {"off": [], **{m: [] for m in TRACED}}
+        rounds: dict[str, list[list[tuple[float, float]]]] = {m: [[] for _ in sessions] for m in TRACED}
         shares = []
+        modes = ("off", *TRACED)
         for round_ in range(args.rounds):
             for i, session in enumerate(sessions):
                 medians = {}
-                for trace in ((True, False) if (round_ + i) % 2 else (False, True)):
-                    got, share = decode(session, args.tokens, trace)
-                    steps[trace] += got
-                    medians[trace] = statistics.median(got)
-                    if trace:
+                turn = (round_ + i) % len(modes)
+                for mode in modes[turn:] + modes[:turn]:
+                    got, share = decode(session, args.tokens, mode)
+                    steps[mode] += got
+                    medians[mode] = statistics.median(got)
+                    if mode == "full":
                         shares.append(share)
-                rounds[i].append((medians[False], medians[True]))
+                for mode in TRACED:
+                    rounds[mode][i].append((medians["off"], medians[mode]))
         del sessions
-        off, on = statistics.median(steps[False]), statistics.median(steps[True])
-        paired, low, high = paired_overhead(rounds)
-        each = [statistics.median(on_ / off_ for off_, on_ in session) - 1 for session in rounds]
-        print(f"{label:<20}{off * 1e3:>14.2f}{on * 1e3:>13.2f}{on / off - 1:>9.1%}"
-              f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>27}{f'{min(each):.1%}..{max(each):.1%}':>16}"
-              f"{statistics.median(shares):>17.1%}")
+        cells = []
+        for mode in TRACED:
+            paired, low, high = paired_overhead(rounds[mode])
+            cells.append(f"{f'{paired:.1%} [{low:.1%}, {high:.1%}]':>31}")
+            if mode == "full":
+                each = [statistics.median(on_ / off_ for off_, on_ in session) - 1 for session in rounds[mode]]
+                cells.append(f"{f'{min(each):.1%}..{max(each):.1%}':>16}")
+        medians = {m: statistics.median(v) * 1e3 for m, v in steps.items()}
+        print(f"{label:<28}{medians['off']:>8.3f}{medians['full']:>9.3f}{medians['lean']:>9.3f}"
+              f"{''.join(cells)}{statistics.median(shares):>17.1%}")
 
 
 if __name__ == "__main__":

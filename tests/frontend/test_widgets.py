@@ -382,6 +382,21 @@ def test_views_say_plainly_what_was_not_recorded(bare):
     assert "capture events: not recorded in this recording" in memo.message.value
 
 
+def test_memory_views_say_a_lean_trace_did_not_record_them():
+    """A session traced without its memory tables (`trace_memory=False`): Liveness and
+    Views say so and draw nothing, instead of an empty chart read as "no buffers"."""
+    from workbench.reports import MEMORY_NOT_RECORDED
+    from workbench.widgets import LivenessView, ViewAliasView
+
+    session = workbench.InferenceSession(models.llama("tiny", flavor="onnx"),
+                                         options=workbench.SessionOptions(trace_memory=False))
+    Generator(session).generate(list(range(3, 9)), 4, progress=False, eos_token_id=-1)
+    liveness = LivenessView(session.recording)
+    assert MEMORY_NOT_RECORDED in liveness.message.value and liveness.figure.layout.display == "none"
+    views = ViewAliasView(session.recording)
+    assert MEMORY_NOT_RECORDED in views.message.value and views.walk_fig.layout.display == "none"
+
+
 def test_workbench_selection_is_shared_by_every_view(decoded):
     from workbench.widgets import DecodeWorkbench
 

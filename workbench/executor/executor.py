@@ -234,12 +234,15 @@ class Executor:
     def _trace_step(self, rec: Any, step: StepRun, prepared: PreparedStep, phase: str, slot: str,
                     feeds: dict[int, Any], bound: dict[int, Any], replayed: bool, resolve_s: float,
                     views_reused: int, fold_dropped: str | None) -> None:
-        """The step's memo, liveness and io_buffers rows (`StepTrace`); `fold_dropped`:
-        why the shape fold failed its check this step, added to the memo row's reason."""
+        """The step's memo, liveness and io_buffers rows (`StepTrace`; the last two where
+        the Recording keeps the memory tables); `fold_dropped`: why the shape fold failed
+        its check this step, added to the memo row's reason."""
         trace, state = self.step_trace, step.state
         reason = prepared.reason if fold_dropped is None else f"{prepared.reason}; {fold_dropped}"
         trace.memo(rec, state, self.preparer.view_plan_state(state), phase, slot, prepared.action,
                    reason, resolve_s, len(step.reinstated), views_reused)
+        if not rec.memory:
+            return
         restored = self.capture_runner.replay_restores(state.capture) if replayed else None
         trace.liveness(rec, state, step.arrays, step.owners, step.released, step.pinned, restored)
         trace.io_buffers(rec, feeds, bound, step.arrays)

@@ -38,6 +38,11 @@ class SessionOptions:
 
     #: record what the executor does into `session.recording` (WORKBENCH_TRACE)
     trace: bool = _flag("WORKBENCH_TRACE", True)
+    #: with `trace`, record the memory tables too: liveness, io_buffers, views, buffer
+    #: events, in-place aliases and materializations (WORKBENCH_TRACE_MEMORY). Off, a
+    #: recording keeps the steps, node timings, the memo and the capture tables, at
+    #: about half the trace's cost on small decoders (benchmarks/trace_overhead.py)
+    trace_memory: bool = _flag("WORKBENCH_TRACE_MEMORY", True)
     #: layout ops (Reshape, Transpose, Slice, ...) produce zero-copy views (WORKBENCH_VIEWS)
     views: bool = _flag("WORKBENCH_VIEWS", True)
     #: elementwise kernels may write into a dead input's buffer (WORKBENCH_COMPUTE_IN_PLACE)

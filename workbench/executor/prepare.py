@@ -259,7 +259,8 @@ class StepPreparer:
             shapes[vid] = tuple(arr.shape)
             k, j = state.bound_positions[vid]
             dispatch[k].outs[j] = arr
-        events = [] if rec is not None else None  # a growing decode's dozens of buffer events, as one block
+        # a growing decode's dozens of buffer events, as one block (none without memory tables)
+        events = [] if rec is not None and rec.memory else None
         for k, j, vid, owner in state.variant_preallocated:
             dispatch[k].outs[j] = self.buffer(owner, shapes[vid], values[vid].dtype, k, events)
         if events:

@@ -58,7 +58,7 @@ from .peer_profile import (
     recorded_peer_profile,
 )
 from .plan import plan_at_step, shapes_at_step
-from .source import NOT_RECORDED, Frames, as_frames
+from .source import MEMORY_NOT_RECORDED, NOT_RECORDED, Frames, as_frames
 from .steps import latency_frame, slots, step_info, steps_of_slot, tokens_frame
 from .summary import summary, summary_text
 from .views import ViewWalk, most_instructive_view, view_walk, views_at, walk_of
@@ -70,7 +70,7 @@ __all__ = [
     "peer_latency", "peer_lines", "peer_profile", "recorded_peer_profile", "step_breakdown", "step_parts",
     "to_chrome_trace",
     "CHURN_COLUMNS", "COLUMNS", "COVERAGE_KINDS", "DIFF_ASPECTS", "DIFF_COLUMNS", "GLOSSARY", "HAZARD_COLUMNS", "KV_COLUMNS", "LATENCY_DEFINITION",
-    "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
+    "MEMORY_NOT_RECORDED", "NOT_RECORDED", "PEAK_COLUMNS", "RESIDENT_CATEGORIES", "alias_hazards", "as_frames", "by_reason",
     "canonical", "capture_churn", "capture_coverage", "churn_lines", "declines_at", "decode_coverage", "decode_latency", "diff", "diff_steps", "explain",
     "export", "Frames", "kv_growth", "kv_pairs", "latency_frame", "lifetimes_at", "live_bytes_curve",
     "mechanism_lanes", "memory_at", "most_instructive_view", "peak_step", "per_token_ms", "peak_values", "plan_at_step",

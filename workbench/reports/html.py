@@ -26,7 +26,7 @@ from .latency import peer_latency
 from .peak import peak_values, resident_breakdown
 from .peer_profile import join_peer_profile, peer_lines
 from .rewrites import REWRITE_RULES, rewrites_line, rewritten_nodes
-from .source import NOT_RECORDED, Frames, as_frames
+from .source import MEMORY_NOT_RECORDED, NOT_RECORDED, Frames, as_frames
 from .summary import summary
 from .units import fmt_bytes, fmt_ms
 from .vocabulary import GLOSSARY
@@ -224,6 +224,21 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
     sv = capture.static_verdicts(f)
     page.table(sv, f"{len(sv)} nodes with a static decline or host-fallback kernel")
 
+    if f.memory:
+        _views_and_liveness(page, f, step, where)
+    else:
+        page.section("views", f"Zero-copy views at {where}")
+        page.text(f"Views and in-place writes: {MEMORY_NOT_RECORDED}.", "note")
+        page.section("liveness", f"Buffer liveness at {where}")
+        page.text(f"Liveness: {MEMORY_NOT_RECORDED}.", "note")
+    _diagnostics(page, f, step)
+    return page.render(get_plotlyjs())
+
+
+def _views_and_liveness(page: _Page, f: Frames, step: int, where: str) -> None:
+    """The views, in-place writes and liveness sections of a recording with memory tables."""
+    from . import figures
+
     page.section("views", f"Zero-copy views at {where}")
     vw = views.views_at(f, step)
     if vw.empty:
@@ -251,8 +266,6 @@ def render_html(src: Recording | Frames, step: int | None = None, title: str = "
         page.text(f"Liveness: {NOT_RECORDED} for this step.", "note")
     else:
         page.figure(figures.liveness_figure(lt, liveness.live_bytes_curve(f, step), mem))
-    _diagnostics(page, f, step)
-    return page.render(get_plotlyjs())
 
 
 def _diagnostics(page: _Page, f: Frames, step: int) -> None:
@@ -271,9 +284,11 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
         if div is not None and not div.empty:
             page.table(div)
         page.table(checks, f"{len(checks)} shadowed steps")
-    hz = alias_hazards(f)
     page.section("hazards", "Alias hazards")
-    if hz.empty:
+    hz = alias_hazards(f) if f.memory else None
+    if hz is None:
+        page.text(f"Alias hazards: {MEMORY_NOT_RECORDED}.", "note")
+    elif hz.empty:
         page.text("No write into a buffer that still backs a live value or view: none found.", "meta")
     else:
         page.text(f"{len(hz)} writes into a buffer another live value still uses:", "meta")
@@ -316,13 +331,13 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
     at = int(pk["step"].iloc[0]) if not pk.empty else None
     page.section("peak", f"Activation peak (step {at})" if at is not None else "Activation peak")
     if pk.empty:
-        page.text(f"Liveness: {NOT_RECORDED}.", "note")
+        page.text(f"Liveness: {NOT_RECORDED if f.memory else MEMORY_NOT_RECORDED}.", "note")
     else:
         page.text(f"{fmt_bytes(int(pk['bytes'].sum()))} live at plan index {int(pk['peak_index'].iloc[0])} in "
                   f"{len(pk)} buffers (views counted once, under their owner).", "meta")
         page.table(pk, f"the {len(pk)} values live at the peak, biggest first")
-    rb = resident_breakdown(f, step)
-    if not rb.empty:
+    rb = resident_breakdown(f, step) if f.memory else None  # its categories are liveness rows
+    if rb is not None and not rb.empty:
         total = rb.set_index("category").loc["total"]
         page.text(f"Resident at step {step}: {fmt_bytes(int(total['bytes']))}, {float(total['x_weights']):.2f}x "
                   "the weights (the model file).", "meta")
@@ -333,6 +348,8 @@ def _diagnostics(page: _Page, f: Frames, step: int) -> None:
     if kv.empty:
         page.text("No KV cache inputs/outputs were found in this graph.", "note")
     else:
+        if not f.memory:
+            page.text(f"The buffers' bytes, addresses and copies: {MEMORY_NOT_RECORDED}.", "note")
         page.figure(figures.kv_growth_figure(kv))
         page.table(kv.drop(columns=["value_id"]), f"{len(kv)} rows: every KV value at every step")
 

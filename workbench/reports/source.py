@@ -17,10 +17,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..trace import Recording
     from ..trace.memory_planner import MemoryPlan
 
-__all__ = ["FRAME_NAMES", "NOT_RECORDED", "OPTIONAL_TABLES", "Frames", "as_frames"]
+__all__ = ["FRAME_NAMES", "MEMORY_NOT_RECORDED", "NOT_RECORDED", "OPTIONAL_TABLES", "Frames", "as_frames"]
 
 #: what a view says when the recording lacks the data it draws
 NOT_RECORDED = "not recorded in this recording"
+#: what a memory view says (liveness, views, aliases, buffer events, io_buffers) when the
+#: session traced without them: empty tables there mean "not recorded", not "none happened"
+MEMORY_NOT_RECORDED = ("not recorded: the session traced without its memory tables "
+                       "(SessionOptions(trace_memory=False))")
 
 #: frames every Recording has: name -> Recording method
 FRAME_NAMES: dict[str, str] = {
@@ -84,6 +88,11 @@ class Frames:
         if key not in cache:
             cache[key] = _optional(self.recording, name)
         return cache[key]
+
+    @property
+    def memory(self) -> bool:
+        """Whether the recording kept the memory tables (`Recording.memory`)."""
+        return getattr(self.recording, "memory", True)
 
     def has(self, name: str) -> bool:
         return self.optional(name) is not None if name in OPTIONAL_TABLES else name in FRAME_NAMES

@@ -16,7 +16,7 @@ from .latency import LATENCY_DEFINITION, decode_latency, peer_latency
 from .peer_profile import peer_lines
 from .plan import elided_mechanisms
 from .rewrites import rewrites_line
-from .source import NOT_RECORDED, Frames, as_frames
+from .source import MEMORY_NOT_RECORDED, NOT_RECORDED, Frames, as_frames
 from .steps import tokens_frame
 from .units import fmt_bytes, fmt_count, fmt_ms, fmt_rate, fmt_us
 
@@ -112,22 +112,30 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
             if n:
                 add("memo", f"elided by {mech} (not Stage 2)", n, f"{n} node executions, summed over all steps")
 
-    add("views", "zero-copy views created", len(f.get("views")))
-    add("views", "in-place writes (dispatched, all steps)", len(f.get("aliases")),
-        f"{len(f.get('aliases')):,} writes by dispatched nodes (values stored in place inside replayed "
-        "graphs are not re-written; Liveness draws every value stored in place)")
-    mats = f.get("materializations")
-    add("views", "copies (materializations)", len(mats), f"{len(mats):,} ({fmt_bytes(int(mats['bytes'].sum()))})")
+    if f.memory:
+        add("views", "zero-copy views created", len(f.get("views")))
+        add("views", "in-place writes (dispatched, all steps)", len(f.get("aliases")),
+            f"{len(f.get('aliases')):,} writes by dispatched nodes (values stored in place inside replayed "
+            "graphs are not re-written; Liveness draws every value stored in place)")
+        mats = f.get("materializations")
+        add("views", "copies (materializations)", len(mats),
+            f"{len(mats):,} ({fmt_bytes(int(mats['bytes'].sum()))})")
+    else:
+        add("views", "zero-copy views, in-place writes, copies", None, MEMORY_NOT_RECORDED)
 
     add("memory", "resident peak", int(steps["resident_peak_bytes"].max()) if len(steps) else None,
         fmt_bytes(steps["resident_peak_bytes"].max() if len(steps) else None))
     last = int(steps["step"].iloc[-1]) if len(steps) else None
     plan = f.memory_plan(last) if last is not None else None
-    add("memory", "planner peak (last step)", plan.peak if plan else None, fmt_bytes(plan.peak if plan else None))
-    add("memory", "lower bound (last step)", plan.lower_bound if plan else None,
-        fmt_bytes(plan.lower_bound if plan else None))
-    add("memory", "one buffer per value (last step)", plan.naive_total if plan else None,
-        fmt_bytes(plan.naive_total if plan else None))
+    if f.memory:
+        add("memory", "planner peak (last step)", plan.peak if plan else None,
+            fmt_bytes(plan.peak if plan else None))
+        add("memory", "lower bound (last step)", plan.lower_bound if plan else None,
+            fmt_bytes(plan.lower_bound if plan else None))
+        add("memory", "one buffer per value (last step)", plan.naive_total if plan else None,
+            fmt_bytes(plan.naive_total if plan else None))
+    else:
+        add("memory", "planner peak, lower bound, one buffer per value", None, MEMORY_NOT_RECORDED)
 
     seg = f.optional("segments")
     if seg is None:
@@ -178,7 +186,10 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
             " (" + ", ".join(sorted({str(m) for m in div["mechanism"]})) + ")"
         add("soundness", "shadow verification", n_div,
             f"shadow checked {len(checks)} steps, {n_div} divergences{mechs}")
-    add("soundness", "alias hazards", len(alias_hazards(f)))
+    if f.memory:
+        add("soundness", "alias hazards", len(alias_hazards(f)))
+    else:
+        add("soundness", "alias hazards", None, MEMORY_NOT_RECORDED)
     return pd.DataFrame(rows, columns=["section", "metric", "value", "text"])
 
 

@@ -139,7 +139,7 @@ class InferenceSession:
         """Record the following runs into a fresh Recording (plan, values and load-time
         rewrites filled in); the previous one is left as it was for whoever holds it.
         This is how one decode becomes one recording."""
-        rec = Recording()
+        rec = Recording(memory=self.options.trace_memory)
         rec.set_static(plan_rows(self.plan), value_rows(self.graph))
         for row in rewrite_rows(self.rewrites):
             rec.add_row("rewrites", step=-1, **row)

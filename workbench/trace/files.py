@@ -2,7 +2,8 @@
 
 Layout (format "workbench-recording", version 1)::
 
-    meta.json                 format, version, current step, per-table file/rows/column kinds
+    meta.json                 format, version, current step, whether the memory tables were
+                              recorded, per-table file/rows/column kinds
     event_order.parquet       one row per event: the code of the table it went to
     static_nodes.parquet      static tables (when non-empty)
     static_values.parquet
@@ -176,7 +177,7 @@ def save_recording(rec: Recording, path: str | os.PathLike) -> None:
     written: set[Path] = set()
     meta: dict[str, Any] = {
         "format": FORMAT, "version": VERSION,
-        "current_step": rec._step, "step_open": rec._open,
+        "current_step": rec._step, "step_open": rec._open, "memory": rec.memory,
         "n_steps": len(rec), "n_events": len(rec._order),
         "static": {}, "tables": {}, "generic": {},
     }
@@ -228,7 +229,7 @@ def load_recording(cls: type[Recording], path: str | os.PathLike) -> Recording:
     if meta.get("version") != VERSION:
         raise TraceError(f"{meta_path}: version {meta.get('version')!r}; this workbench reads version "
                          f"{VERSION}")
-    rec = cls()
+    rec = cls(memory=bool(meta.get("memory", True)))  # recordings saved before the option had them all
     for name, info in meta["static"].items():
         if name not in STATIC_COLUMNS:
             raise TraceError(f"{meta_path}: unknown static table {name!r}")

@@ -281,6 +281,15 @@ def _row_span_rows(fields: list) -> list[tuple]:
     return [(step, *row) for row in fields[1]]
 
 
+#: the emission calls of the memory tables, which record nothing where `Recording.memory`
+#: is off (`liveness` is also the liveness frame's reader: its emitters check `memory`)
+_MEMORY_EMITTERS = ("buffer", "buffer_span", "buffer_rows", "view", "view_span", "alias", "materialize")
+
+
+def _ignore(*_args: Any) -> None:
+    """A memory table's emission call where the Recording keeps no memory tables."""
+
+
 class Recording:
     """Everything one session's executor did, step by step; see the module docstring.
 
@@ -293,7 +302,15 @@ class Recording:
     `save`, `load`, `len()`, `clear`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory: bool = True) -> None:
+        #: whether the memory tables are recorded (liveness, io_buffers, views, buffer
+        #: events, aliases, materializations): off, their emission calls record nothing
+        #: and an emitter may skip working their rows out (`SessionOptions.trace_memory`);
+        #: readers tell "not recorded" from "none happened" by it
+        self.memory = memory
+        if not memory:
+            for name in _MEMORY_EMITTERS:
+                setattr(self, name, _ignore)
         self._tables: dict[str, dict[str, list]] = {
             name: {c: [] for c in cols} for name, cols in TABLE_COLUMNS.items()}
         #: liveness rows as emitted, (step, tuple of row tuples, nbytes patch or None),

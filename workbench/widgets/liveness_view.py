@@ -8,6 +8,7 @@ import ipywidgets as W
 
 from ..reports.figures import liveness_figure
 from ..reports.liveness import MEMORY_MEASURES
+from ..reports.source import MEMORY_NOT_RECORDED
 from ..reports.units import fmt_bytes
 from .base import RecordingView
 from .figure import FigureHolder
@@ -33,6 +34,11 @@ class LivenessView(RecordingView):
 
     def _render(self) -> None:
         c = self.cursor
+        if not self.frames.memory:
+            self.message.value = f"<i>Liveness: {html.escape(MEMORY_NOT_RECORDED)}.</i>"
+            self.numbers.value = ""
+            self.figure.layout.display = "none"
+            return
         lt = self.model.lifetimes(c.step, self.constants.value)
         mem = self.model.memory(c.step)
         self.message.value = "" if not lt.empty else "<i>No liveness rows were recorded for this step.</i>"

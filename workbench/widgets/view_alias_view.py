@@ -7,6 +7,7 @@ import html
 import ipywidgets as W
 
 from ..reports.figures import view_walk_figure
+from ..reports.source import MEMORY_NOT_RECORDED
 from .base import RecordingView
 from .figure import FigureHolder
 from .model import ViewsModel, explain_walk
@@ -45,6 +46,10 @@ class ViewAliasView(RecordingView):
 
     def _render(self) -> None:
         c = self.cursor
+        if not self.frames.memory:
+            self.message.value = f"<i>Views and in-place writes: {html.escape(MEMORY_NOT_RECORDED)}.</i>"
+            self.walk_fig.layout.display = "none"
+            return
         views = self.model.views(c.step)
         node_view = self.model.value_for_node(c.step, c.node) if c.node >= 0 else None
         names = list(views["value"])

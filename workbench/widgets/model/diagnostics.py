@@ -18,6 +18,7 @@ from ...reports import (
     seam_costs,
     summary,
 )
+from ...reports.source import MEMORY_NOT_RECORDED
 from ...reports.units import fmt_bytes
 
 __all__ = ["CALLS", "DiagnosticsModel"]
@@ -32,6 +33,8 @@ CALLS = {
     "KV growth": "per step and KV input/output: capacity, used length, moved / copied, bytes",
     "diff": "this step against another step (or the recording against `compare`)",
 }
+#: the calls that read the memory tables (liveness, aliases, buffer events)
+MEMORY_CALLS = ("peak values", "resident", "alias hazards")
 
 
 class DiagnosticsModel:
@@ -55,6 +58,8 @@ class DiagnosticsModel:
             top = seams.iloc[0]
             return seams, (f"{len(seams)} seams; costliest: #{int(top['plan_index'])} {top['op_type']} "
                            f"({top['reason']}) {float(top['us_per_token']):.1f} µs per token")
+        if call in MEMORY_CALLS and not f.memory:
+            return pd.DataFrame(), f"{call}: {MEMORY_NOT_RECORDED}"
         if call == "peak values":
             pv = peak_values(f, step)
             if pv.empty:
@@ -75,8 +80,10 @@ class DiagnosticsModel:
                 f"{len(hz)} writes into a buffer a live value still uses"
         if call == "KV growth":
             kv = kv_growth(f)
-            return kv, "no KV inputs/outputs in this graph" if kv.empty else \
-                f"{kv['kv'].nunique()} KV pairs over {kv['step'].nunique()} steps"
+            if kv.empty:
+                return kv, "no KV inputs/outputs in this graph"
+            bytes_note = "" if f.memory else f"; their bytes and copies {MEMORY_NOT_RECORDED}"
+            return kv, f"{kv['kv'].nunique()} KV pairs over {kv['step'].nunique()} steps{bytes_note}"
         if call == "diff":
             if self.compare is not None:
                 d = diff(f, self.compare, changed_only=changed_only)
