@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 import onnx
+import pandas as pd
 from builtin_models import BUILT_IN, PROMPT
 from onnx import TensorProto, helper
 from oracles import ort_session, runs_on_one_buffer, tensor
