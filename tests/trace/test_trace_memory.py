@@ -98,7 +98,15 @@ def test_the_flag_survives_save_and_load_and_older_saves_read_as_full(tmp_path):
     del meta["memory"]
     meta_path.write_text(json.dumps(meta))
     assert Recording.load(tmp_path / "lean").memory is True
-    assert Recording().memory is True and Recording(memory=False).memory is False
+    assert Recording().memory is True
+    direct = Recording(memory=False)  # a caller emitting rows itself: the memory ones are not kept
+    direct.begin_step()
+    direct.liveness([(0, "owner", 0, 16, -1, 1, False, -1)])
+    direct.view(1, 0, (4,), (1,), 0, 0)
+    direct.buffer("alloc", 0, 16, 0)
+    direct.end_step(1e-3)
+    assert direct.liveness().empty and direct.views().empty and direct.buffer_events().empty
+    assert len(direct.steps()) == 1
 
 
 def test_reports_say_the_memory_tables_were_not_recorded_rather_than_none_happened():

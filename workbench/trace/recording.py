@@ -282,7 +282,8 @@ def _row_span_rows(fields: list) -> list[tuple]:
 
 
 #: the emission calls of the memory tables, which record nothing where `Recording.memory`
-#: is off (`liveness` is also the liveness frame's reader: its emitters check `memory`)
+#: is off (so is `liveness(rows)`, also the liveness frame's reader; its emitters check
+#: `memory` first, to skip working the rows out)
 _MEMORY_EMITTERS = ("buffer", "buffer_span", "buffer_rows", "view", "view_span", "alias", "materialize")
 
 
@@ -299,7 +300,8 @@ class Recording:
     Reading API: `steps`, `nodes`, `values`, `views`, `liveness_frame` (also reachable
     as `liveness()` with no argument), `buffer_events`, `node_timings`, `aliases`,
     `materializations`, `memory_summary`, `memory_plan`, `table`, `tables`, `events`,
-    `save`, `load`, `len()`, `clear`.
+    `save`, `load`, `len()`, `clear`. `Recording(memory=False)` keeps no memory tables
+    (`memory`): the calls that emit them record nothing.
     """
 
     def __init__(self, memory: bool = True) -> None:
@@ -610,6 +612,8 @@ class Recording:
         """
         if rows is None:
             return self.liveness_frame()
+        if not self.memory:
+            return None
         if self._node_log:
             self._place_nodes()
         if rows is not self._lv_last:
