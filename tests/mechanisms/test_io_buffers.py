@@ -94,3 +94,23 @@ def test_a_few_new_arrays_are_read_alone_and_give_a_full_reads_rows():
     held = list(got)
     assert patched.block(layout, tuple(arrays), addresses) is got, "the very same arrays: the same block"
     assert list(got) == held
+
+
+def test_a_view_grown_in_place_shares_the_last_blocks_base_columns():
+    """An attention mask's prefix of one row of ones, one longer each step: only its own
+    address and size are read; the base columns are the last block's very arrays, never
+    written (a block's columns stay as made), and the rows equal a read in full."""
+    from workbench.executor.io_rows import IoRows
+    from workbench.executor.views import KnownAddresses
+
+    ones, ids = np.ones((1, 64), np.int64), np.zeros((1, 1), np.int64)
+    rows, layout = IoRows(), ((0, "feed"), (1, "feed"))
+    blocks = []
+    for length in range(5, 12):
+        arrays = (ids, ones[:, :length])
+        block = rows.block(layout, arrays, KnownAddresses())
+        assert list(block) == list(IoRows().block(layout, arrays, KnownAddresses())), length
+        blocks.append((block, [list(c) for c in block.columns]))
+    for (before, columns), (after, _) in zip(blocks, blocks[1:]):
+        assert after.columns[2] is before.columns[2] and after.columns[3] is before.columns[3]
+        assert [list(c) for c in before.columns] == columns, "an earlier block was written into"

@@ -111,30 +111,34 @@ class IoRows:
         """The last block's columns with the arrays that are not the last step's very
         objects read again, where every position held an array; else None (read them
         all). A new view of the array the last step's view at its position viewed (a
-        fixed cache's past, one row longer each step) keeps that base's columns: the
-        base is held (by the last step's view, kept here), so its address and size
-        stand; only the view's own address and size are read."""
+        fixed cache's past, one row longer each step, an attention mask's prefix) keeps
+        that base's columns: the base is held (by the last step's view, kept here), so
+        its address and size stand; only the view's own address and size are read, and
+        the base columns stay the last block's very arrays (a block's columns are never
+        written once made: these copies are made before any write)."""
         then = self._arrays
         if last.positions is not None or len(arrays) != len(then):
             return None
-        columns = tuple(column[:] for column in last.columns)  # copies: an owning block shares two pairs
-        addrs, sizes, base_addrs, base_sizes = columns
+        addrs, sizes, base_addrs, base_sizes = last.columns
+        addrs, sizes = addrs[:], sizes[:]  # an owning block shares them with its base columns
+        rebased = False
         for i in compress(range(len(arrays)), map(operator.is_not, arrays, then)):
             arr = arrays[i]
-            if type(arr) is not np.ndarray:
-                if not hasattr(arr, "nbytes"):
-                    return None
-                addrs[i], sizes[i], base_addrs[i], base_sizes[i] = addresses.where(arr)
+            base = arr.base if type(arr) is np.ndarray else None
+            if base is not None and base is getattr(then[i], "base", None) and type(base) is np.ndarray \
+                    and base.base is None:
+                addrs[i], sizes[i] = address(arr), arr.nbytes
                 continue
-            base = arr.base
-            if base is None:  # owns its bytes: its own base
+            if type(arr) is not np.ndarray and not hasattr(arr, "nbytes"):
+                return None
+            if not rebased:
+                base_addrs, base_sizes, rebased = base_addrs[:], base_sizes[:], True
+            if base is None and type(arr) is np.ndarray:  # owns its bytes: its own base
                 addrs[i] = base_addrs[i] = address(arr)
                 sizes[i] = base_sizes[i] = arr.nbytes
-            elif base is getattr(then[i], "base", None) and type(base) is np.ndarray and base.base is None:
-                addrs[i], sizes[i] = address(arr), arr.nbytes
             else:
                 addrs[i], sizes[i], base_addrs[i], base_sizes[i] = addresses.where(arr)
-        return columns
+        return addrs, sizes, base_addrs, base_sizes
 
     @staticmethod
     def _read_each(arrays: tuple, addresses: KnownAddresses) -> tuple[tuple | None, tuple[array, ...]]:
