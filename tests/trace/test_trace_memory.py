@@ -128,6 +128,14 @@ def test_reports_say_the_memory_tables_were_not_recorded_rather_than_none_happen
         assert frame.empty and MEMORY_NOT_RECORDED in headline, call
     _, headline = model.frame("KV growth", 3)
     assert MEMORY_NOT_RECORDED in headline
+    kv = reports.kv_growth(f)
+    present = kv[kv.io == "present"]
+    assert len(present) and present.how.isna().all() and present.copied_bytes.isna().all()
+    assert present.moved.isna().all() and kv.bytes.isna().all()  # not "bound", not 0 copied
+    diff = reports.diff_steps(f, 1, 4)
+    views = diff[diff.aspect == "views"]
+    assert len(views) == 3 and views.a.isna().all() and views.b.isna().all()  # unknown, not 0
+    assert not views.changed.any()
     # a full recording's summary still counts them
     full = workbench.InferenceSession(BUILT_IN["llama-genai"]().SerializeToString())
     Generator(full).generate(PROMPT, 6, progress=False, eos_token_id=-1, kv="fixed")

@@ -222,13 +222,18 @@ def _at_step_rows(rows: _Rows, fa: Frames, fb: Frames, step_a: int | None, step_
     mem_b = memory_at(fb, step_b) if step_b is not None else {}
     for k in ("resident_peak_bytes", "planner_peak_bytes", "lower_bound_bytes", "one_buffer_per_value_bytes"):
         rows.add("memory", k, mem_a.get(k), mem_b.get(k))
-    va, vb = fa.get("views"), fb.get("views")
-    rows.add("views", "views created", int((va["step"] == step_a).sum()), int((vb["step"] == step_b).sum()))
-    al_a, al_b = fa.get("aliases"), fb.get("aliases")
-    rows.add("views", "in-place writes (dispatched)", int((al_a["step"] == step_a).sum()), int((al_b["step"] == step_b).sum()))
-    mat_a, mat_b = fa.get("materializations"), fb.get("materializations")
-    rows.add("views", "copies (materializations)", int((mat_a["step"] == step_a).sum()),
-             int((mat_b["step"] == step_b).sum()))
+    for item, frame in (("views created", "views"), ("in-place writes (dispatched)", "aliases"),
+                        ("copies (materializations)", "materializations")):
+        rows.add("views", item, _rows_at(fa, frame, step_a), _rows_at(fb, frame, step_b))
+
+
+def _rows_at(f: Frames, frame: str, step: int | None) -> int | None:
+    """Rows of memory table `frame` at `step`; None where the recording kept no memory
+    tables (`SessionOptions.trace_memory` off), so a lean trace diffs as unknown, not 0."""
+    if not f.memory:
+        return None
+    table = f.get(frame)
+    return int((table["step"] == step).sum())
 
 
 def diff_steps(src: Recording | Frames, a: int, b: int, *, changed_only: bool = False,

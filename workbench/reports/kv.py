@@ -149,6 +149,8 @@ def kv_growth(src: Recording | Frames) -> pd.DataFrame:
     (allocated this step), "same buffer" (kept from an earlier step), "in place"
     (written into a dead input's buffer), "bound" (the caller's buffer, e.g. a
     shared past/present KV buffer: no executor allocation); a past: "input"), value_id.
+    Without the memory tables (`SessionOptions.trace_memory` off) bytes, capacity,
+    copied_bytes and a present's how and moved are None: not recorded.
     """
     f = as_frames(src)
     pairs = kv_pairs(f)
@@ -237,6 +239,10 @@ def kv_growth(src: Recording | Frames) -> pd.DataFrame:
                     copied = int(mats.get((step, vid), 0))
                     if how in ("new buffer", "same buffer") and producer_reads.get(vid) and past_len and past_row:
                         copied += int(past_len) * past_row
+                if not f.memory:  # buffer events, copies and in-place writes were not recorded
+                    copied = None
+                    if io_kind == "present":
+                        how, moved = None, None
                 growth = None if prev is None or prev[0] is None or length is None else int(length) - int(prev[0])
                 last[(s.slot, vid)] = (length, address)
                 rows.append((step, s.slot, s.phase, p.kv, io_kind, name_of.get(vid, f"#{vid}"), int(p.seq_axis),
