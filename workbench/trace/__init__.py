@@ -5,7 +5,10 @@ and widgets read it back as pandas frames (`rec.steps()`, `rec.views()`,
 `rec.liveness()`, `rec.memory_summary()`, ...) or as typed events
 (`rec.events()`), and `rec.save(dir)` / `Recording.load(dir)` move it between
 machines as parquet + JSON. pandas and pyarrow are imported only when reading or
-saving, never when emitting.
+saving, never when emitting. A lean recording (`Recording(memory=False)`, what
+`SessionOptions(trace_memory=False)` gives) keeps no memory tables (liveness,
+io_buffers, views, buffer events, aliases, materializations); `rec.memory` tells a
+reader "not recorded" from "none happened".
 """
 
 from .events import (
