@@ -124,16 +124,17 @@ class IoRows:
         rebased = False
         for i in compress(range(len(arrays)), map(operator.is_not, arrays, then)):
             arr = arrays[i]
-            base = arr.base if type(arr) is np.ndarray else None
+            on_host = type(arr) is np.ndarray
+            if not on_host and not hasattr(arr, "nbytes"):
+                return None
+            base = arr.base if on_host else None
             if base is not None and base is getattr(then[i], "base", None) and type(base) is np.ndarray \
-                    and base.base is None:
+                    and base.base is None:  # a new view of the buffer the last step's view viewed
                 addrs[i], sizes[i] = address(arr), arr.nbytes
                 continue
-            if type(arr) is not np.ndarray and not hasattr(arr, "nbytes"):
-                return None
             if not rebased:
                 base_addrs, base_sizes, rebased = base_addrs[:], base_sizes[:], True
-            if base is None and type(arr) is np.ndarray:  # owns its bytes: its own base
+            if on_host and base is None:  # owns its bytes: its own base
                 addrs[i] = base_addrs[i] = address(arr)
                 sizes[i] = base_sizes[i] = arr.nbytes
             else:

@@ -92,7 +92,7 @@ class Frames:
     @property
     def memory(self) -> bool:
         """Whether the recording kept the memory tables (`Recording.memory`)."""
-        return getattr(self.recording, "memory", True)
+        return self.recording.memory
 
     def has(self, name: str) -> bool:
         return self.optional(name) is not None if name in OPTIONAL_TABLES else name in FRAME_NAMES

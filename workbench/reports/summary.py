@@ -125,9 +125,9 @@ def summary(src: Recording | Frames) -> pd.DataFrame:
 
     add("memory", "resident peak", int(steps["resident_peak_bytes"].max()) if len(steps) else None,
         fmt_bytes(steps["resident_peak_bytes"].max() if len(steps) else None))
-    last = int(steps["step"].iloc[-1]) if len(steps) else None
-    plan = f.memory_plan(last) if last is not None else None
     if f.memory:
+        last = int(steps["step"].iloc[-1]) if len(steps) else None
+        plan = f.memory_plan(last) if last is not None else None
         add("memory", "planner peak (last step)", plan.peak if plan else None,
             fmt_bytes(plan.peak if plan else None))
         add("memory", "lower bound (last step)", plan.lower_bound if plan else None,
