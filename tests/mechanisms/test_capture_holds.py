@@ -811,3 +811,88 @@ def _launch_count(cap) -> int:
 
 def _recorded_nodes(cap) -> set[int]:
     return {k for captured in cap.graphs.values() for k in captured.launched_nodes}
+
+
+def view_reshaped_each_step() -> onnx.ModelProto:
+    """torch.onnx legacy's attention Reshape: its target shape is a fed value (read on
+    the host, so the Reshape is a seam) and it makes a new view object of the same
+    buffer every run, which a captured segment with weights reads."""
+    rng = np.random.default_rng(11)
+    w_in = _const("w_in", rng.standard_normal((WIDTH, WIDTH)).astype(np.float32))
+    w_out = _const("w_out", rng.standard_normal((WIDTH // 2, WIDTH)).astype(np.float32))
+    bias = _const("bias", rng.standard_normal(WIDTH).astype(np.float32))
+    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Reshape", ["r", "target"], ["halves"]),
+             helper.make_node("MatMul", ["halves", "w_out"], ["o"]), helper.make_node("Add", ["o", "bias"], ["p"]),
+             helper.make_node("Tanh", ["p"], ["y"])]
+    return _model(nodes,
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH]),
+                   helper.make_tensor_value_info("target", TensorProto.INT64, ["rank"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w_in, w_out, bias])
+
+
+def test_a_segment_reading_a_new_view_each_run_rereads_only_that_input(monkeypatch):
+    """The captured segment after the Reshape reads a new view object each run (same
+    address, shape and strides) and two weights. Its replay check took the full path
+    every run: every input's shape, strides, dtype and address read again, weights
+    included (torch.onnx legacy's gpt2: 110 inputs a step, 19% of its plain-loop step).
+    The weights are the executor's own arrays, checked by identity; now only the new
+    view's address is read. Over runs refilling x in place the graphs hold and every
+    output is onnxruntime's; a target that changes the view's shape retires the graph,
+    and the runs after it are right too."""
+    from workbench.addresses import address
+    from workbench.executor import capture as capture_module
+
+    runs = _Runs(view_reshaped_each_step(), "cpu")
+    rng = np.random.default_rng(12)
+    x = np.zeros((1, WIDTH), np.float32)
+    target = np.array([2, WIDTH // 2], np.int64)
+    read = []
+    monkeypatch.setattr(capture_module, "address", lambda a: read.append(a) or address(a))
+    weights = {id(a) for a in runs.session.executor.graph.initializers.values()}
+    for run in range(RUNS):
+        x[...] = rng.standard_normal(x.shape)
+        read.clear()
+        runs.step({"x": x, "target": target}, f"run {run}")
+        if run >= 4:  # steady: one address read, the new view's, and no weight's
+            assert len(read) == 1 and read[0].shape == (2, WIDTH // 2) and read[0].base is not None, \
+                [getattr(a, "shape", a) for a in read]
+            assert id(read[0]) not in weights
+    _assert_holds(runs)
+    target = np.array([1, 2, WIDTH // 2], np.int64)  # the view's shape changes under the graph
+    for run in range(4):
+        x[...] = rng.standard_normal(x.shape)
+        assert runs.step({"x": x, "target": target}, f"3-d run {run}")["y"].shape == (1, 2, WIDTH)
+    late = runs.events(after=RUNS)
+    assert (late.event == "retire").any() and (late.event == "replay").any(), late.reason.tolist()
+
+
+def test_a_replay_check_whose_live_input_is_a_new_object_reads_it_in_full():
+    """`CapturedGraph.mismatch` once a check passed: a live input that is another object
+    than last time is read in full (address, shape, strides, dtype) against the
+    recording, and the weights by identity. A new view at the same place replays; one
+    at another offset, of another shape or dtype, or a weight swapped for another
+    array, does not, and says what moved."""
+    from types import SimpleNamespace
+
+    from workbench.executor.capture import CapturedGraph, binding_signature
+
+    buffer = np.arange(32, dtype=np.float32)
+    weight = np.ones((4, 4), np.float32)
+    arrays = [buffer, buffer[:16].reshape(4, 4), weight]
+    graph = SimpleNamespace(values=[SimpleNamespace(name=n) for n in ("buffer", "view", "weight")],
+                            initializers={2: weight})
+    captured = CapturedGraph(graph=None, signature=binding_signature(arrays, [1, 2]), outputs={})
+
+    def why(view, w=weight):
+        arrays[1], arrays[2] = view, w
+        return captured.mismatch(arrays, [], graph, {}, set())
+
+    assert why(arrays[1]) is None and why(arrays[1]) is None  # the same objects: by identity
+    assert why(buffer[:16].reshape(4, 4)) is None  # a new view where the last one was
+    assert why(buffer[16:].reshape(4, 4)) == ("binding_changed", "view address")
+    assert why(buffer[:16].reshape(2, 8))[1] == "view shape (4, 4) -> (2, 8)"
+    assert why(buffer[:16].reshape(4, 4)) is None  # back where it was recorded
+    assert why(buffer[:16].view(np.int32).reshape(4, 4)) == ("binding_changed", "view dtype")
+    assert why(buffer[:16].reshape(4, 4), weight.copy()) == ("binding_changed", "weight address")
+    assert why(buffer[:16].reshape(4, 4)) is None

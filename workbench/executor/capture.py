@@ -129,20 +129,22 @@ class CapturedGraph:
         object, shape and strides, is as it was (same size, so not moved; see
         `KnownAddresses`); any other input has its address read. Initializers (most of
         a segment's inputs: its weights) are the executor's own arrays for its whole
-        life, never reshaped: they are kept strongly and checked by identity alone."""
+        life, never reshaped: they are kept strongly and checked by identity alone, so
+        a step whose live inputs are new objects (a view an eager Reshape makes anew
+        each step, at the same address) reads only those."""
         seen = self._seen
         if seen is not None:
             live, same_initializers = seen
             if same_initializers(arrays):
-                for vid, shape, strides, ref, dtype in live:
+                for vid, shape, strides, ref, dtype, _ in live:
                     a = arrays[vid]
                     if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
-                        break
-                else:
-                    return True
+                        return self._live_as_recorded(arrays, live)
+                return True
         self._seen = None
         live, fixed = [], []
-        for vid, dtype, shape, strides, addr in self.signature:
+        for entry in self.signature:
+            vid, dtype, shape, strides, addr = entry
             a = arrays[vid]
             if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
                     or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
@@ -150,13 +152,33 @@ class CapturedGraph:
             if vid in initializers:
                 fixed.append(vid)
             else:
-                live.append((vid, shape, strides, a, a.dtype))
-        try:
-            live = [(vid, shape, strides, weakref.ref(a), dtype) for vid, shape, strides, a, dtype in live]
-        except TypeError:  # something without weak references: check it in full every step
-            return True
-        self._seen = (live, holds_now(arrays, fixed))
+                live.append((a, entry))
+        self._keep_seen(live, holds_now(arrays, fixed))
         return True
+
+    def _live_as_recorded(self, arrays: list, live: list) -> bool:
+        """`_same_binding` once the initializers held: every live input read in full
+        against its signature entry, and the objects seen kept for the next step."""
+        now = []
+        for _, _, _, _, _, entry in live:
+            vid, dtype, shape, strides, addr = entry
+            a = arrays[vid]
+            if a is None or not hasattr(a, "nbytes") or a.shape != shape or a.strides != strides \
+                    or a.dtype.str != dtype or address(a) != addr:
+                self._seen = None
+                return False
+            now.append((a, entry))
+        self._keep_seen(now, self._seen[1])
+        return True
+
+    def _keep_seen(self, live: list, same_initializers: Any) -> None:
+        """Keep, weakly, the live input objects (array, signature entry) a check just
+        found as recorded; where one takes no weak reference, every step checks in full."""
+        try:
+            self._seen = ([(entry[0], entry[2], entry[3], weakref.ref(a), a.dtype, entry) for a, entry in live],
+                          same_initializers)
+        except TypeError:
+            self._seen = None
 
     def buffers_current(self, dispatch: list) -> bool:
         """Whether every node of `dispatch` still writes where the launches do. The
