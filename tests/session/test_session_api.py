@@ -41,6 +41,22 @@ def test_inputs_and_outputs_described_like_onnxruntime():
     assert [o.type for o in ours.get_outputs()] == ["tensor(float)", "tensor(int64)"]
 
 
+def test_input_and_output_descriptions_are_made_once_and_cannot_be_edited_through():
+    """A decode loop asks for `get_outputs()` every step: the NodeArgs are made once per
+    session (onnxruntime's too), in a new list each call, and `shape` is a new list at
+    each read, so a caller editing one changes nothing the session reports later."""
+    ours = workbench.InferenceSession(_model())
+    first, second = ours.get_inputs(), ours.get_inputs()
+    assert first is not second and all(a is b for a, b in zip(first, second))
+    first.clear()
+    assert [i.name for i in ours.get_inputs()] == ["x", "ids"]
+    shape = ours.get_inputs()[0].shape
+    shape[0] = 99
+    assert ours.get_inputs()[0].shape == ["batch", 3]
+    assert ours.get_outputs()[0] == workbench.NodeArg("y", [], "tensor(float)") != workbench.NodeArg("y", None, "x")
+    assert repr(ours.get_inputs()[1]) == "NodeArg(name='ids', shape=['batch'], type='tensor(int64)')"
+
+
 @pytest.mark.parametrize("source", ["proto", "bytes", "str", "pathlike"])
 def test_every_model_source(tmp_path, source):
     model = _model()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,18 +22,35 @@ from .io_binding import IOBinding
 from .options import RunOptions, SessionOptions
 
 
-@dataclass(frozen=True)
 class NodeArg:
-    """Name, shape and type of a model input or output, as onnxruntime reports them."""
+    """Name, shape and type of a model input or output, as onnxruntime reports them.
+    Made once per session (a decode loop asks for them every step); `shape` is a new
+    list at each read, as onnxruntime's, so a caller's edit changes nothing here."""
 
-    name: str
-    shape: list[int | str] | None
-    type: str
+    __slots__ = ("name", "_shape", "type")
+
+    def __init__(self, name: str, shape: list[int | str] | tuple | None, type: str) -> None:
+        self.name, self.type = name, type
+        self._shape = tuple(shape) if shape is not None else None
+
+    @property
+    def shape(self) -> list[int | str] | None:
+        return list(self._shape) if self._shape is not None else None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NodeArg) and (self.name, self._shape, self.type) == (
+            other.name, other._shape, other.type)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self._shape, self.type))
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, shape={self.shape!r}, type={self.type!r})"
 
 
 def _node_arg(v: Value) -> NodeArg:
     type_ = ort_type_string(v.elem_type) if v.kind == "tensor" else f"{v.kind}"
-    return NodeArg(v.name, list(v.shape) if v.shape is not None else None, type_)
+    return NodeArg(v.name, v.shape, type_)
 
 
 class InferenceSession:
@@ -76,14 +92,16 @@ class InferenceSession:
         #: per input, what an array that needs no conversion looks like (`_check_inputs`)
         self._input_forms = [_input_form(v) for v in self._inputs]
         self._output_ids = {v.name: v.id for v in self._outputs}
+        self._input_args = tuple(map(_node_arg, self._inputs))
+        self._output_args = tuple(map(_node_arg, self._outputs))
 
     # -- onnxruntime-shaped API ---------------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
-        return [_node_arg(v) for v in self._inputs]
+        return list(self._input_args)
 
     def get_outputs(self) -> list[NodeArg]:
-        return [_node_arg(v) for v in self._outputs]
+        return list(self._output_args)
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, Any],
             run_options: RunOptions | None = None) -> list[Any]:
