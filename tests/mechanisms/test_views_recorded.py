@@ -157,3 +157,44 @@ def test_a_view_that_must_copy_owns_its_bytes_each_step_vs_onnxruntime(capture):
     if capture:
         assert (rec.node_timings()["mode"] == "replayed").any(), "no step replayed a captured segment"
     assert planned[values["flat"]] != values["flat"], "the plan expected a view: nothing was copied"
+
+
+def test_views_with_the_same_byte_strides_and_other_item_sizes_keep_their_own_strides():
+    """A view's strides are recorded in elements, worked out once per (byte strides,
+    item size) and kept (`views.element_strides`): a float32 slice taking every second
+    element and a float64 slice taking every element both step 8 bytes, and must read
+    (2,) and (1,). Eight runs refilling both inputs in place, against onnxruntime; every
+    step records both views with their own strides."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from workbench.executor import views
+
+    inits = [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in
+             (("zero", 0), ("one", 1), ("end", 8), ("two", 2))]
+    nodes = [helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Slice", ["ra", "zero", "end", "zero", "two"], ["sa"]),
+             helper.make_node("Slice", ["rb", "one", "end", "zero", "one"], ["sb"]),
+             helper.make_node("Neg", ["sa"], ["ya"]), helper.make_node("Neg", ["sb"], ["yb"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "strides", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8]),
+                           helper.make_tensor_value_info("b", TensorProto.DOUBLE, [8])],
+        [helper.make_tensor_value_info(y, t, None) for y, t in (("ya", TensorProto.FLOAT), ("yb", TensorProto.DOUBLE))],
+        inits), opset_imports=[helper.make_opsetid("", 17)])
+    views.ELEMENT_STRIDES.clear()
+    session = workbench.InferenceSession(model)
+    peer = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    a, b = np.zeros(8, np.float32), np.zeros(8, np.float64)
+    for _ in range(8):
+        a[...], b[...] = rng.standard_normal(8), rng.standard_normal(8)
+        for got, want in zip(session.run(None, {"a": a, "b": b}), peer.run(None, {"a": a, "b": b})):
+            np.testing.assert_array_equal(got, want)
+    rows = session.recording.views()
+    assert len(rows) == 16
+    for step, group in rows.groupby("step"):
+        assert dict(zip(group.value, group.strides)) == {"sa": (2,), "sb": (1,)}, step
+    assert views.element_strides(np.zeros(3, np.dtype("V0"))) == (0,)  # a zero-size item: strides in bytes
+    views.ELEMENT_STRIDES.update({((i,), 4): (i,) for i in range(views.ELEMENT_STRIDES_KEPT)})
+    assert views.element_strides(np.zeros((2, 3), np.int16)[:, ::2]) == (3, 2)
+    assert len(views.ELEMENT_STRIDES) == 1  # full: the spent geometries are let go

@@ -31,7 +31,7 @@ from .slot_state import SlotState
 from .step_run import StepRun
 from .step_trace import StepTrace
 from .storage import ALIAS
-from .views import KnownAddresses, address, is_view_of
+from .views import ELEMENT_STRIDES, KnownAddresses, address, element_strides, is_view_of
 
 
 class Executor:
@@ -470,8 +470,8 @@ class Executor:
             base = step.owner_address.get(owner)
             if base is None:
                 base = step.owner_address[owner] = address(self.arrays[owner])
-            itemsize = r.itemsize or 1
-            geometry = (r.shape, tuple(st // itemsize for st in r.strides), address(r) - base)
+            strides = ELEMENT_STRIDES.get((r.strides, r.itemsize))  # inline: tens of views a step
+            geometry = (r.shape, strides if strides is not None else element_strides(r), address(r) - base)
             step.observed[vid] = (r, owner, *geometry)
             if rec is not None:
                 rec.view(vid, owner, *geometry, p.index)

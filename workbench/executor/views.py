@@ -12,8 +12,9 @@ from ..addresses import address
 
 def storage_root(a: Any) -> Any:
     """The array at the bottom of a view chain (numpy and CuPy keep views alive through `.base`)."""
-    while getattr(a, "base", None) is not None and hasattr(a.base, "shape"):
-        a = a.base
+    base = getattr(a, "base", None)
+    while base is not None and hasattr(base, "shape"):
+        a, base = base, getattr(base, "base", None)
     return a
 
 
@@ -21,6 +22,24 @@ def is_view_of(result: Any, source: Any) -> bool:
     if getattr(result, "base", None) is None or not hasattr(source, "shape"):
         return False
     return storage_root(result) is storage_root(source)
+
+
+#: (byte strides, itemsize) -> strides in elements (`element_strides`): a decode step's layout nodes make
+#: views of a handful of geometries, again every step (a growing cache's adds one a step)
+ELEMENT_STRIDES: dict[tuple, tuple] = {}
+ELEMENT_STRIDES_KEPT = 4096
+
+
+def element_strides(view: Any) -> tuple:
+    """`view`'s strides counted in elements (bytes for a zero-size dtype)."""
+    key = (view.strides, view.itemsize)
+    found = ELEMENT_STRIDES.get(key)
+    if found is None:
+        if len(ELEMENT_STRIDES) >= ELEMENT_STRIDES_KEPT:
+            ELEMENT_STRIDES.clear()  # a long decode's spent geometries
+        itemsize = view.itemsize or 1
+        found = ELEMENT_STRIDES[key] = tuple(st // itemsize for st in key[0])
+    return found
 
 
 class KnownAddresses:
