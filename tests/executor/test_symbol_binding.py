@@ -104,3 +104,40 @@ def test_unlike_feeds_bind_or_fail_exactly_as_bind_symbols_does(case):
         assert "disagree on symbol" in str(error)
         return
     assert list(binder.bind(feeds).items()) == list(expected.items())
+
+
+def _revealing_model(second: str = "k"):
+    """x [6] -> Compress(x, x > 0) declared ["k"]: a result sized by values, whose size
+    binds k when it comes (`Executor._adopt`); Neg of it is declared ["k"] too, so its
+    buffer is sized from that binding. Compress(x, x < 0), declared ["k"] as well, is a
+    second opinion of k that differs whenever the counts do."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["pos"]), helper.make_node("Less", ["x", "zero"], ["neg"]),
+             helper.make_node("Compress", ["x", "pos"], ["kept"], axis=0),
+             helper.make_node("Neg", ["kept"], ["y"]),
+             helper.make_node("Compress", ["x", "neg"], ["dropped"], axis=0),
+             helper.make_node("Abs", ["dropped"], ["z"])]
+    graph = helper.make_graph(nodes, "revealed", [_tensor("x", [6])], [_tensor("y", ["k"]), _tensor("z", [second])],
+                              [helper.make_tensor("zero", 1, [], [0.0])],
+                              value_info=[_tensor("kept", ["k"]), _tensor("dropped", [second])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_symbols_a_result_reveals_bind_and_a_contradiction_replans_as_onnxruntime_runs():
+    """One input array refilled in place, 10 runs against onnxruntime: runs with as many
+    positive as negative entries agree on k (bound once, from the first Compress's
+    result); the others reveal two sizes for it, which marks k untrusted and re-plans,
+    and every output is onnxruntime's either way (onnxruntime is given the model with the
+    second size named apart: it refuses one symbol of two sizes)."""
+    session, peer = workbench.InferenceSession(_revealing_model()), _ort(_revealing_model(second="j"))
+    x = np.zeros(6, np.float32)
+    rows = [[1, -1, 2, -2, 3, -3], [4, 5, -6, 7, -8, -9], [-1, -2, -3, -4, 5, 6], [1, 2, 3, 4, 5, -6],
+            [3, -3, 2, -2, 1, -1], [-5, 5, -5, 5, -5, 5], [1, 1, 1, -1, -1, -1], [2, 2, 2, 2, -2, -2],
+            [-7, 7, -7, 7, 7, -7], [9, -9, 9, -9, 9, -9]]
+    for run, row in enumerate(rows):
+        x[...] = row
+        for got, want in zip(session.run(None, {"x": x}), peer.run(None, {"x": x.copy()})):
+            np.testing.assert_array_equal(got, want, err_msg=f"run {run}")
+    executor = session.executor
+    assert "k" in executor._untrusted  # runs 1, 3 and 7 saw two sizes for it
+    kept = next(v.id for v in executor.graph.values if v.name == "kept")
+    assert executor._revealed[kept] == ((0, "k"),)  # the declared dims a result reveals, read once

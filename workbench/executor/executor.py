@@ -67,6 +67,8 @@ class Executor:
         self.input_symbols = input_symbols(graph)
         self._binder = SymbolBinder(graph)
         self._untrusted: set[str] = set()  # inferred symbols that proved inconsistent
+        #: value id -> its declared (axis, symbol) dims a just-in-time result reveals (`_adopt`)
+        self._revealed: dict[int, tuple] = {}
         self._resident = 0  # bytes held in every slot's buffers
         self._peak = 0
         #: per slot ("primary", "verify"): everything prepared for it; `state` is current
@@ -552,15 +554,19 @@ class Executor:
         r = self.backend.adopt(r)
         if value.dtype is not None and r.dtype != value.dtype:
             r = r.astype(value.dtype)
-        if value.shape is not None and len(value.shape) == r.ndim:
-            for d, got in zip(value.shape, r.shape):
-                if isinstance(d, str) and d not in self.input_symbols:
-                    have = bindings.get(d)
-                    if have is None:
-                        bindings[d] = got
-                    elif have != got:
-                        self._untrusted.add(d)
-                        self._request_replan(f"symbol {d} is {have} and {got} in one run")
+        revealed = self._revealed.get(vid)
+        if revealed is None:  # the declared shape is the graph's: worked out once per value
+            revealed = self._revealed[vid] = tuple(
+                (axis, d) for axis, d in enumerate(value.shape or ()) if isinstance(d, str) and d not in self.input_symbols)
+        if revealed and len(value.shape) == r.ndim:
+            shape = r.shape
+            for axis, d in revealed:
+                got, have = shape[axis], bindings.get(d)
+                if have is None:
+                    bindings[d] = got
+                elif have != got:
+                    self._untrusted.add(d)
+                    self._request_replan(f"symbol {d} is {have} and {got} in one run")
         return r
 
     # -- control flow -----------------------------------------------------------------
