@@ -189,3 +189,47 @@ def test_compiled_norm_rows_are_the_numpy_forms_bit_for_bit(n):
         mlas_jit.rms_rows(rows, gamma, eps, rows_y, inv)
         _same_bits(rows_y, want_rows)
         _same_bits(inv, want_inv.reshape(-1))
+
+
+def test_growing_cache_call_is_the_three_steps_bit_for_bit():
+    """`grow_and_attend`: the rotation, a growing cache's presents (past rows, then the
+    new row) and the attention over every row in one compiled call give the bits of
+    `rotate_rows`, numpy's row copies and `decode_attention` one after another. Eight
+    steps of a cache growing from 1 row, the QKV rows refilled in place, a bias on odd
+    steps, read-only cos/sin caches (an initializer's); compiled once, one signature."""
+    assert mlas_jit.available("grow_and_attend")
+    r = np.random.default_rng(41)
+    kv, group, head = 3, 3, 64
+    rows, half = kv * group + kv, head // 2
+    halves = np.empty((rows, 2, half), np.float32)  # the packed Q and K rows, refilled in place
+    v_rows = np.empty((kv, head), np.float32)
+    angles = r.uniform(0, 2 * np.pi, (16, half))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos.flags.writeable = sin.flags.writeable = False
+    past_k = r.standard_normal((kv, 1, head)).astype(np.float32)
+    past_v = r.standard_normal((kv, 1, head)).astype(np.float32)
+    for run in range(RUNS + 2):
+        halves[...] = r.standard_normal(halves.shape) * 3
+        v_rows[...] = r.standard_normal(v_rows.shape)
+        length = past_k.shape[1]
+        bias = (r.standard_normal((1, group, length + 3)) * 2).astype(np.float32) if run % 2 else None
+        results = []
+        for fused in (True, False):
+            rotated = np.empty_like(halves)
+            flat = rotated.reshape(rows, head)
+            q, k_rows = flat[:kv * group].reshape(kv, group, head), flat[kv * group:]
+            present_k, present_v = (np.empty((kv, length + 1, head), np.float32) for _ in range(2))
+            out = np.empty((kv, group, head), np.float32)
+            if fused:
+                mlas_jit.grow_and_attend(halves, cos, sin, run, rotated, past_k, past_v, k_rows, v_rows,
+                                         present_k, present_v, q, np.float32(0.125), out, bias)
+            else:
+                mlas_jit.rotate_rows(halves, cos, sin, run, rotated)
+                present_k[:, :length], present_v[:, :length] = past_k, past_v
+                present_k[:, length], present_v[:, length] = k_rows, v_rows
+                mlas_jit.decode_attention(q, present_k, present_v, 0.125, 0, out, bias)
+            results.append((rotated, present_k, present_v, out))
+        for got, want in zip(*results):
+            _same_bits(got, want)
+        past_k, past_v = results[0][1], results[0][2]
+    assert len(mlas_jit._kernels().grow_and_attend.overloads) == 1

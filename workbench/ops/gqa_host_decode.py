@@ -110,7 +110,7 @@ class HostDecode:
 
     __slots__ = ("alpha", "rotation", "rows", "halves", "swapped_halves", "pair", "rotated",
                  "rotated_rows", "swapped", "q", "k_rows", "v_rows", "out", "exact_rotary", "exact_attention",
-                 "rotate_into")
+                 "rotate_into", "grow_and_attend")
 
     @classmethod
     def prepare(cls, inputs: list, outs: list, *, num_heads: int, kv_heads: int, head_size: int,
@@ -146,7 +146,7 @@ class HostDecode:
             v_rows = value.reshape(-1)
         self.v_rows = v_rows.reshape(kv_heads, head_size)
         self.out = out.reshape(kv_heads, group, head_size)
-        self.rotation = self.rows = self.halves = self.swapped_halves = self.pair = None
+        self.rotation = self.rows = self.halves = self.swapped_halves = self.pair = self.grow_and_attend = None
         if not rotary:
             self.rotated = self.rotated_rows = self.swapped = None
             self.q = query.reshape(-1)[:q_hidden].reshape(kv_heads, group, head_size)
@@ -173,6 +173,12 @@ class HostDecode:
         flat = self.rotated_rows = self.rotated.reshape(rows, head_size)
         self.q = flat[:num_heads].reshape(kv_heads, group, head_size)
         self.k_rows = flat[num_heads:]
+        # onnxruntime's rounding throughout, compiled, on rows side by side in one buffer:
+        # a growing cache's call is then one compiled call (`run`)
+        self.grow_and_attend = mlas_jit.grow_and_attend if (
+            self.rotate_into is not None and self.exact_attention is not None and self.pair is None
+            and self.halves.flags.c_contiguous and self.v_rows.flags.c_contiguous and self.out.flags.c_contiguous
+            and mlas_jit.available("grow_and_attend")) else None
         return self
 
     def grouped(self, rows: np.ndarray) -> np.ndarray:
@@ -181,6 +187,35 @@ class HostDecode:
         if rows.shape[0] == 1:
             return rows.reshape(1, 1, rows.shape[-1])
         return rows.reshape(kv_heads, group, rows.shape[-1])
+
+    def _grown(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int,
+               bias: np.ndarray | None, position: int, pos: int) -> list | None:
+        """`run` for a growing cache (the past rows 0..pos-1, the presents one row longer,
+        every row attended) in one compiled call (`mlas_jit.grow_and_attend`): the
+        rotation, presents and attention of the steps below, bit for bit. None, with
+        nothing written, where an array is not as that call takes it (the steps below
+        then run)."""
+        past_key, past_value, cos, sin = inputs[3], inputs[4], inputs[7], inputs[8]
+        if shared[0] or shared[1] or 0 < window <= pos or not (
+                past_key.flags.c_contiguous and past_value.flags.c_contiguous and past_value.shape == past_key.shape
+                and cos.flags.c_contiguous and sin.flags.c_contiguous):
+            return None
+        if bias is not None:
+            bias = self.grouped(bias.astype(np.float32, copy=False))
+            if bias.shape[2] <= pos or bias.shape[0] not in (1, self.q.shape[0]) \
+                    or bias.shape[1] not in (1, self.q.shape[1]):
+                return None
+            bias = np.ascontiguousarray(bias)
+        presents = []
+        for out in outs[1:3]:
+            if out is None:
+                out = np.empty(present_shape, np.float32)
+            elif out.shape != present_shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+                return None
+            presents.append(out)
+        self.grow_and_attend(self.halves, cos, sin, position, self.rotated, past_key[0], past_value[0], self.k_rows,
+                             self.v_rows, presents[0][0], presents[1][0], self.q, self.alpha, self.out, bias)
+        return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
 
     def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int,
             bias: np.ndarray | None = None) -> list | None:
@@ -204,6 +239,10 @@ class HostDecode:
                 return None
             r = p if position_ids is None else numpy_first_int(position_ids)
             r = min(max(r, 0), cos.shape[0] - 1)
+            if self.grow_and_attend is not None and past_key.shape[2] == pos == present_len - 1:
+                done = self._grown(inputs, outs, present_shape, shared, window, bias, r, pos)
+                if done is not None:
+                    return done
             if self.pair is not None:
                 np.concatenate(self.pair[:2], out=self.pair[2])
             if exact_rotary:  # MLAS's rotary kernel's rounding

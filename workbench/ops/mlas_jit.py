@@ -3,7 +3,8 @@ logistic (`ort_float32.logistic`), onnxruntime's RMS-norm sum of squares
 (`ort_float32.sum_of_squares_fma8`) and whole RMS-norm rows
 (`normalization._rms_norm_as_onnxruntime`), SkipSimplifiedLayerNormalization's row
 (`contrib_norm.row_rms`), MLAS's rotary embedding (`ort_float32.rotate_pair`) and its
-one-token GroupQueryAttention decode (`mlas_attention.decode_attention`). The kernels
+one-token GroupQueryAttention decode (`mlas_attention.decode_attention`), and the two with a growing
+cache's present rows in one call (`grow_and_attend`). The kernels
 themselves are in `mlas_kernels`; each has one signature of C-contiguous arrays, which
 the wrappers here give it (`np.ascontiguousarray` copies only where needed).
 
@@ -29,7 +30,7 @@ from . import mlas_isa, numba_support
 F32 = np.dtype(np.float32)
 def available(name: str) -> bool:
     """Whether the compiled `name` ("logistic", "sum_of_squares", "skip_rms_row",
-    "rms_rows", "rotate_rows", "decode_attention") is taken."""
+    "rms_rows", "rotate_rows", "decode_attention", "grow_and_attend") is taken."""
     return numba_support.enabled() and _self_checked(name)
 
 
@@ -83,6 +84,8 @@ def _self_checked(name: str) -> bool:
         rotate_rows(halves, cos, sin, 2, rotated)
         want = ort_float32.rotate_pair(halves[:, 0], halves[:, 1], cos[2], sin[2])
         same = np.array_equal(rotated[:, 0], want[0]) and np.array_equal(rotated[:, 1], want[1])
+    elif name == "grow_and_attend":
+        same = available("rotate_rows") and available("decode_attention") and _grow_and_attend_checked(r)
     else:
         same = True
         for kv, g, t, h, window, bias_shape in ((3, 3, 37, 64, 0, None), (2, 1, 5, 13, 2, None),
@@ -154,6 +157,53 @@ def decode_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale:
     return into
 
 
+def grow_and_attend(halves: np.ndarray, cos: np.ndarray, sin: np.ndarray, position: int, rotated: np.ndarray,
+                    past_k: np.ndarray, past_v: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray,
+                    present_k: np.ndarray, present_v: np.ndarray, q: np.ndarray, scale: np.float32, into: np.ndarray,
+                    bias: np.ndarray | None) -> None:
+    """`rotate_rows`, then the presents of a growing cache (KV, L + 1, H) as the past
+    rows (KV, L, H) and the new K/V rows (KV, H) at L, then `decode_attention` of q over
+    all L + 1 rows into `into`, in one compiled call: the same arithmetic as the three
+    steps, bit for bit (`available("grow_and_attend")`). Every array float32 and
+    C-contiguous; q and k_rows view `rotated`; bias None or (KV | 1, G | 1, >= L + 1)."""
+    kernels = _kernels()
+    has_bias = bias is not None
+    kernels.grow_and_attend(halves, cos, sin, position, rotated, past_k, past_v, k_rows, v_rows, present_k,
+                            present_v, past_k.shape[1], q, scale, into, _wide(),
+                            bias if has_bias else kernels.no_bias, has_bias)
+
+
+def _grow_and_attend_checked(r: np.random.Generator) -> bool:
+    """`grow_and_attend` against `rotate_rows`, the presents written by numpy and
+    `decode_attention`, on a few growing caches (with and without a bias)."""
+    for kv, group, head, past, bias_shape in ((2, 2, 16, 4, None), (3, 3, 64, 9, (1, 1, 12)), (1, 4, 8, 1, (1, 4, 2))):
+        rows, half = kv * group + kv, head // 2
+        halves = (r.standard_normal((rows, 2, half)) * 3).astype(F32)
+        cos, sin = r.uniform(-1, 1, (past + 3, half)).astype(F32), r.uniform(-1, 1, (past + 3, half)).astype(F32)
+        past_k, past_v = ((r.standard_normal((kv, past, head)) * 2).astype(F32) for _ in range(2))
+        v_rows = r.standard_normal((kv, head)).astype(F32)
+        bias = None if bias_shape is None else (r.standard_normal(bias_shape) * 2).astype(F32)
+        got, want = [], []
+        for fused in (True, False):
+            rotated = np.empty((rows, 2, half), F32)
+            flat = rotated.reshape(rows, head)
+            q, k_rows = flat[:kv * group].reshape(kv, group, head), flat[kv * group:]
+            present_k, present_v, out = np.empty((kv, past + 1, head), F32), np.empty((kv, past + 1, head), F32), \
+                np.empty((kv, group, head), F32)
+            if fused:
+                grow_and_attend(halves, cos, sin, past, rotated, past_k, past_v, k_rows, v_rows, present_k, present_v,
+                                q, F32.type(0.125), out, bias)
+            else:
+                rotate_rows(halves, cos, sin, past, rotated)
+                present_k[:, :past], present_v[:, :past] = past_k, past_v
+                present_k[:, past], present_v[:, past] = k_rows, v_rows
+                decode_attention(q, present_k, present_v, 0.125, 0, out, bias)
+            (got if fused else want).append((rotated, present_k, present_v, out))
+        if not all(np.array_equal(a.view(np.int32), b.view(np.int32)) for a, b in zip(got[0], want[0])):
+            return False
+    return True
+
+
 def _wide() -> bool:
     """Whether MLAS takes its AVX-512F sum-exp kernel here (16 lanes), else FMA3's (8)."""
     return mlas_isa.isa() == "avx512"
@@ -167,7 +217,8 @@ def _kernels():
 
     return _Kernels(logistic=k.logistic_kernel, sum_of_squares=k.sum_of_squares_kernel,
                     skip_rms_row=k.skip_rms_row_kernel, rms_rows=k.rms_rows_kernel, rotate_rows=k.rotate_rows_kernel,
-                    decode_attention=k.decode_attention_kernel, no_bias=k.NO_BIAS)
+                    decode_attention=k.decode_attention_kernel, grow_and_attend=k.grow_and_attend_kernel,
+                    no_bias=k.NO_BIAS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,4 +229,5 @@ class _Kernels:
     rms_rows: Any
     rotate_rows: Any
     decode_attention: Any
+    grow_and_attend: Any
     no_bias: np.ndarray  # the bias argument where there is none

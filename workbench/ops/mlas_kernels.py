@@ -265,3 +265,19 @@ def decode_attention_kernel(q, keys, values, total, scale, window_start, into, w
                 o[h] = row[h] * inverse
 
 NO_BIAS = np.zeros((1, 1, 1), f32)  # the decode kernel's bias argument where there is none
+
+
+@numba.njit(types.none(r3, r2, r2, types.int64, c3, r3, r3, r2, r2, c3, c3, types.int64, r3, types.float32, c3,
+                       types.boolean, r3, types.boolean), nogil=True, cache=True)
+def grow_and_attend_kernel(halves, cos_rows, sin_rows, position, rotated, past_k, past_v, k_rows, v_rows,
+                           present_k, present_v, pos, q, scale, into, wide, bias, has_bias):
+    """One growing cache's decode call: the rotation (`rotate_rows_kernel`, into
+    `rotated`, which `q` and `k_rows` view), the presents (the past rows 0..pos-1, then
+    the new K/V row at pos) and the attention over rows 0..pos (`decode_attention_kernel`)."""
+    rotate_rows_kernel(halves, cos_rows, sin_rows, position, rotated)
+    for h in range(present_k.shape[0]):
+        present_k[h, :pos] = past_k[h]
+        present_v[h, :pos] = past_v[h]
+        present_k[h, pos] = k_rows[h]
+        present_v[h, pos] = v_rows[h]
+    decode_attention_kernel(q, present_k, present_v, pos + 1, scale, 0, into, wide, bias, has_bias)
