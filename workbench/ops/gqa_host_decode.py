@@ -18,7 +18,8 @@ initializers it is one matrix product (`rotary_matrix`), which may round the las
 bit differently. Where the plan asks for onnxruntime's rounding (float32), both are
 onnxruntime's instead, as the general path computes them then: the rotation
 `ort_float32.rotate_pair` (``exact_rotary``) and the attention MLAS's decode kernel
-(`mlas_attention.decode_attention`, ``exact_attention``). Only the plain
+(`mlas_attention.decode_attention`, ``exact_attention``); on a growing cache, both
+compiled, they and the presents are one compiled call (`HostDecode._grown`). Only the plain
 configuration is taken here: full non-interleaved rotary or none, no softcap,
 head sink or smooth softmax, and one float dtype throughout; anything else returns None
 and goes the general way. An attention bias (a mask computed by the graph, new every
