@@ -72,7 +72,7 @@ CLEAN_CALLS = {"host_read", "len", "isinstance", "id", "type", "hasattr", "calla
 #: a kernel worked out from its arrays' metadata and kept (or None)
 CLEAN_METHODS = {"kept_for"}
 #: at an entry point, a parameter annotated as one of these is a host value by contract
-HOST_ANNOTATIONS = ("int", "bool", "str", "float", "tuple", "np.dtype", "list[int]", "NodeInfo",
+HOST_ANNOTATIONS = ("int", "bool", "str", "float", "tuple", "np.dtype", "list[int]", "list[bool]", "NodeInfo",
                     "Callable", "GqaAttributes", "CacheSetup")
 #: methods that put their arguments into the receiver (a container then holds input values)
 STORING_METHODS = {"append", "extend", "insert", "add", "update", "setdefault"}

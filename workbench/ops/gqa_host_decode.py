@@ -78,7 +78,7 @@ def caches_in(dtype: np.dtype, caches: tuple) -> bool:
 
 
 def write_presents(outs: list, past_key: np.ndarray, past_value: np.ndarray, k_row: np.ndarray,
-                   v_row: np.ndarray, present_shape: tuple, shared: list, pos: int) -> list:
+                   v_row: np.ndarray, present_shape: tuple, shared: list[bool], pos: int) -> list:
     """The present caches after one decode step (numpy): the new K/V rows written at
     `pos` of a buffer shared with the past, or past rows 0..pos-1, the new row and
     zeros after it in a present of its own (a growing cache's: exactly the past, then
@@ -189,7 +189,7 @@ class HostDecode:
             return rows.reshape(1, 1, rows.shape[-1])
         return rows.reshape(kv_heads, group, rows.shape[-1])
 
-    def _grown(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int,
+    def _grown(self, inputs: list, outs: list, present_shape: tuple, shared: list[bool], window: int,
                bias: np.ndarray | None, position: int, pos: int) -> list | None:
         """`run` for a growing cache (the past rows 0..pos-1, the presents one row longer,
         every row attended) in one compiled call (`mlas_jit.grow_and_attend`): the
@@ -206,7 +206,8 @@ class HostDecode:
             if bias.shape[2] <= pos or bias.shape[0] not in (1, self.q.shape[0]) \
                     or bias.shape[1] not in (1, self.q.shape[1]):
                 return None
-            bias = np.ascontiguousarray(bias)
+            if not bias.flags.c_contiguous:  # a head's mask row of a wider bias: the kernel reads rows whole
+                bias = bias.copy()
         presents = []
         for out in outs[1:3]:
             if out is None:
@@ -218,7 +219,7 @@ class HostDecode:
                              self.v_rows, presents[0][0], presents[1][0], self.q, self.alpha, self.out, bias)
         return [outs[0], presents[0], presents[1]] + [None] * (len(outs) - 3)
 
-    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list, window: int,
+    def run(self, inputs: list, outs: list, present_shape: tuple, shared: list[bool], window: int,
             bias: np.ndarray | None = None) -> list | None:
         """One call, on caches in the compute dtype (`caches_in`): rotate, write the new K/V row at
         pos = seqlens_k[0], attend over rows 0..pos (the last `window` of them, for a
