@@ -136,46 +136,38 @@ class CapturedGraph:
         if seen is not None:
             live, same_initializers = seen
             if same_initializers(arrays):
-                for vid, shape, strides, ref, dtype, _ in live:
+                for ref, dtype, (vid, _, shape, strides, _) in live:
                     a = arrays[vid]
                     if a is not ref() or a.dtype is not dtype or a.shape != shape or a.strides != strides:
-                        return self._live_as_recorded(arrays, live)
+                        return self._live_as_recorded(arrays, [entry for _, _, entry in live], same_initializers)
                 return True
         self._seen = None
         live, fixed = [], []
         for entry in self.signature:
-            vid, dtype, shape, strides, addr = entry
-            a = arrays[vid]
-            if dtype is None or a is None or not hasattr(a, "nbytes") or a.shape != shape \
-                    or a.strides != strides or a.dtype.str != dtype or address(a) != addr:
+            if not _as_recorded(arrays[entry[0]], entry):
                 return False
-            if vid in initializers:
-                fixed.append(vid)
+            if entry[0] in initializers:
+                fixed.append(entry[0])
             else:
-                live.append((a, entry))
-        self._keep_seen(live, holds_now(arrays, fixed))
+                live.append(entry)
+        self._keep_seen(arrays, live, holds_now(arrays, fixed))
         return True
 
-    def _live_as_recorded(self, arrays: list, live: list) -> bool:
-        """`_same_binding` once the initializers held: every live input read in full
-        against its signature entry, and the objects seen kept for the next step."""
-        now = []
-        for _, _, _, _, _, entry in live:
-            vid, dtype, shape, strides, addr = entry
-            a = arrays[vid]
-            if a is None or not hasattr(a, "nbytes") or a.shape != shape or a.strides != strides \
-                    or a.dtype.str != dtype or address(a) != addr:
-                self._seen = None
-                return False
-            now.append((a, entry))
-        self._keep_seen(now, self._seen[1])
+    def _live_as_recorded(self, arrays: list, live: list, same_initializers: Any) -> bool:
+        """`_same_binding` once the initializers held by identity: each live input
+        (signature entries) read in full against the recording."""
+        if not all(_as_recorded(arrays[entry[0]], entry) for entry in live):
+            self._seen = None
+            return False
+        self._keep_seen(arrays, live, same_initializers)
         return True
 
-    def _keep_seen(self, live: list, same_initializers: Any) -> None:
-        """Keep, weakly, the live input objects (array, signature entry) a check just
-        found as recorded; where one takes no weak reference, every step checks in full."""
+    def _keep_seen(self, arrays: list, live: list, same_initializers: Any) -> None:
+        """Keep, weakly, the live inputs' objects just found as recorded, with their dtype
+        objects, for the next step's check by identity; where one takes no weak
+        reference, every step checks in full."""
         try:
-            self._seen = ([(entry[0], entry[2], entry[3], weakref.ref(a), a.dtype, entry) for a, entry in live],
+            self._seen = ([(weakref.ref(arrays[entry[0]]), arrays[entry[0]].dtype, entry) for entry in live],
                           same_initializers)
         except TypeError:
             self._seen = None
@@ -434,6 +426,14 @@ def external_inputs(plan: Any, nodes: list[int]) -> list[int]:
                 ext.append(v)
         defined.update(o for o in p.outputs if o >= 0)
     return ext
+
+
+def _as_recorded(a: Any, entry: tuple) -> bool:
+    """Whether `a` is the array a `binding_signature` entry describes: an array of that
+    dtype, shape and strides at that address."""
+    _, dtype, shape, strides, addr = entry
+    return (dtype is not None and a is not None and hasattr(a, "nbytes") and a.shape == shape
+            and a.strides == strides and a.dtype.str == dtype and address(a) == addr)
 
 
 def binding_signature(arrays: list, vids: list[int]) -> tuple:

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..addresses import address
 from . import mlas_jit
-from .mlas_attention import decode_attention_function
+from .mlas_attention import decode_attention_function, kernel_reads_bias
 from .ort_float32 import rotate_pair
 from .registry import numpy_first_int
 from .rotary_matrix import RotationMatrix
@@ -203,8 +203,7 @@ class HostDecode:
             return None
         if bias is not None:
             bias = self.grouped(bias.astype(np.float32, copy=False))
-            if bias.shape[2] <= pos or bias.shape[0] not in (1, self.q.shape[0]) \
-                    or bias.shape[1] not in (1, self.q.shape[1]):
+            if not kernel_reads_bias(bias, self.q.shape, pos + 1):
                 return None
             if not bias.flags.c_contiguous:  # a head's mask row of a wider bias: the kernel reads rows whole
                 bias = bias.copy()

@@ -290,7 +290,7 @@ def _decode_attention_compiled(q: np.ndarray, keys: np.ndarray, values: np.ndarr
                                out: np.ndarray | None = None, total: int | None = None) -> np.ndarray:
     total = keys.shape[1] if total is None else total
     if (q.dtype == F32 and keys.dtype == F32 and values.dtype == F32
-            and (bias is None or _kernel_bias(bias, q.shape, total))):
+            and (bias is None or kernel_reads_bias(bias, q.shape, total))):
         if out is None or out.dtype != F32:
             result = mlas_jit.decode_attention(q, keys, values, scale, window_start, np.empty(q.shape, F32), bias,
                                                total)
@@ -299,7 +299,7 @@ def _decode_attention_compiled(q: np.ndarray, keys: np.ndarray, values: np.ndarr
     return decode_attention_emulated(q, keys, values, scale, window_start, bias, out, total)
 
 
-def _kernel_bias(bias: np.ndarray, q_shape: tuple, total: int) -> bool:
+def kernel_reads_bias(bias: np.ndarray, q_shape: tuple, total: int) -> bool:
     """Whether the compiled kernel reads `bias` as the emulation broadcasts it: float32
     (KV | 1, G | 1, W >= T)."""
     return (bias.dtype == F32 and bias.ndim == 3 and bias.shape[2] >= total
